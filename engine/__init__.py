@@ -1,0 +1,37 @@
+"""GRUE Studio engine: on-policy RL (PPO, NLPO) and SFT for HuggingFace language models.
+
+The public API is small on purpose; the web app and the CLI both drive runs through it.
+Heavy modules (torch, transformers) are imported only when a run starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from engine.config import ConfigError, RunConfig, load_config, parse_config
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from engine.events import EventSink
+
+__all__ = ["ConfigError", "RunConfig", "evaluate", "load_config", "parse_config", "train"]
+
+
+def train(
+    config: RunConfig | dict[str, Any],
+    sink: EventSink | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    resume_from: str | None = None,
+) -> dict[str, Any]:
+    """Run SFT and/or RL as the config says; returns the final summary (also sent as ``finished``)."""
+    from engine.trainer import train as _train
+
+    return _train(parse_config(config), sink=sink, should_stop=should_stop, resume_from=resume_from)
+
+
+def evaluate(config: RunConfig | dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Generate on a split and compute the config's metrics; see ``engine.evaluation``."""
+    from engine.evaluation import evaluate as _evaluate
+
+    return _evaluate(parse_config(config), **kwargs)

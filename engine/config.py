@@ -1,0 +1,299 @@
+"""The typed run configuration.
+
+One pydantic model describes a whole run so that the CLI, the web form (generated from the JSON
+Schema) and the trainer agree on every field, and so that a typo is an error naming its path
+instead of a silently ignored key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; ``errors`` holds ``(field path, message)`` pairs."""
+
+    def __init__(self, message: str, errors: list[tuple[str, str]] | None = None):
+        super().__init__(message)
+        self.errors = errors or []
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Component(Strict):
+    """A registered component chosen by id, with its keyword arguments."""
+
+    id: str = Field(description="Registered id of the component.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the component.")
+
+
+class WeightedComponent(Component):
+    weight: float = Field(1.0, description="Weight of this component in a weighted sum.")
+
+
+class ModelConfig(Strict):
+    name_or_path: str = Field(
+        "builtin:tiny-gpt2",
+        description=(
+            "Hub model id, local directory, path to a .gguf file, or a builtin tiny model "
+            "('builtin:tiny-gpt2', 'builtin:tiny-t5') that needs no download."
+        ),
+    )
+    type: Literal["auto", "causal", "seq2seq"] = Field(
+        "auto", description="Model family; 'auto' reads it from the model's config."
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    gguf_file: str | None = Field(
+        None, description="File name of a GGUF checkpoint inside name_or_path (imported once to safetensors)."
+    )
+    value_head: Literal["shared", "separate"] = Field(
+        "shared",
+        description="'shared': a value head on the policy's trunk (one model); 'separate': a full critic copy.",
+    )
+    device: str = Field("auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1'.")
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
+        "auto",
+        description="Autocast precision for forward passes; master weights stay fp32. 'auto' = bf16 where supported.",
+    )
+    gradient_checkpointing: bool = Field(False, description="Trade compute for memory on large models.")
+    reference_name_or_path: str | None = Field(
+        None, description="Frozen reference model for the KL penalty; default: the initial policy."
+    )
+
+
+class TokenizerConfig(Strict):
+    name_or_path: str | None = Field(None, description="Tokenizer id or path; default: the model's.")
+    padding_side: Literal["left", "right"] = Field("left", description="Padding side of prompts.")
+    truncation_side: Literal["left", "right"] = Field("left", description="Which end of a long prompt is cut.")
+    pad_token_as_eos_token: bool = Field(
+        True, description="Use EOS as the pad token when the tokenizer has none (masks keep them apart)."
+    )
+    max_prompt_length: int = Field(64, ge=1, description="Prompts are truncated to this many tokens.")
+
+
+class TaskConfig(Strict):
+    id: str = Field("synthetic_increasing_numbers", description="Registered task (data pool) id.")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Task arguments, e.g. local data paths or hub dataset names."
+    )
+    max_train_samples: int | None = Field(None, ge=1, description="Cap on training prompts.")
+    max_eval_samples: int | None = Field(None, ge=1, description="Cap on evaluation prompts.")
+    seed: int = Field(42, description="Seed for shuffling and subsampling the data.")
+
+
+class RewardConfig(Strict):
+    id: str = Field("increasing_numbers", description="Registered reward id ('weighted_sum' combines several).")
+    args: dict[str, Any] = Field(default_factory=dict, description="Reward arguments.")
+    components: list[WeightedComponent] = Field(
+        default_factory=list, description="For id 'weighted_sum': the rewards to add, each with a weight."
+    )
+    include_prompt: bool = Field(False, description="Score prompt + generation instead of the generation alone.")
+
+
+class GenerationConfig(Strict):
+    max_new_tokens: int = Field(20, ge=1, description="Episode length limit (tokens generated per prompt).")
+    min_new_tokens: int = Field(0, ge=0, description="EOS is forbidden before this many tokens.")
+    do_sample: bool = Field(True, description="Sample (True) or greedy/beam decode (False).")
+    temperature: float = Field(1.0, gt=0, description="Softmax temperature of sampling.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
+    num_beams: int = Field(1, ge=1, description="Beam search width (evaluation only).")
+    batch_size: int = Field(16, ge=1, description="Prompts generated per forward batch.")
+
+    @model_validator(mode="after")
+    def _check(self) -> GenerationConfig:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError("min_new_tokens must not exceed max_new_tokens")
+        return self
+
+
+class NLPOConfig(Strict):
+    top_mask: float = Field(0.9, gt=0, le=1, description="Top-p mass of the masking policy kept as the action space.")
+    min_tokens_to_keep: int = Field(100, ge=1, description="Never mask the action space below this many tokens.")
+    mask_update_interval: int = Field(
+        5, ge=1, description="Refresh the masking policy from the current policy every N iterations."
+    )
+
+
+class AlgorithmConfig(Strict):
+    id: str = Field("ppo", description="Registered algorithm id: 'ppo', 'nlpo' or 'sft' (supervised only).")
+    learning_rate: float = Field(1e-5, gt=0, description="Adam learning rate.")
+    n_epochs: int = Field(4, ge=1, description="Optimisation epochs over each rollout batch.")
+    minibatch_size: int = Field(16, ge=1, description="Episodes per gradient step (before accumulation).")
+    grad_accumulation: int = Field(1, ge=1, description="Minibatches accumulated per optimizer step.")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor of GAE.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip_range: float = Field(0.2, gt=0, description="PPO ratio clip epsilon.")
+    clip_range_value: float | None = Field(0.2, description="Value clipping range (None = no value clipping).")
+    vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    ent_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    max_grad_norm: float = Field(0.5, gt=0, description="Gradient clipping norm.")
+    target_kl: float | None = Field(
+        None, description="Stop the epoch loop early when the approximate KL to the rollout policy exceeds this."
+    )
+    whiten_advantages: bool = Field(True, description="Normalise advantages to zero mean, unit variance.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    nlpo: NLPOConfig = Field(default_factory=NLPOConfig, description="NLPO masking settings (id 'nlpo' only).")
+    extra: dict[str, Any] = Field(default_factory=dict, description="Arguments for user-registered algorithms.")
+
+
+class KLConfig(Strict):
+    controller: Literal["adaptive", "fixed"] = Field("adaptive", description="Adaptive (Ziegler et al.) or fixed beta.")
+    init_coef: float = Field(0.1, ge=0, description="Initial KL penalty coefficient beta.")
+    target: float | None = Field(0.1, gt=0, description="Target KL per episode for the adaptive controller.")
+    horizon: int = Field(10000, ge=1, description="Adaptive controller horizon (episodes).")
+
+
+class SupervisedConfig(Strict):
+    enabled: bool = Field(False, description="Run supervised fine-tuning on references before RL (warm start).")
+    epochs: float = Field(1.0, gt=0, description="Passes over the training references.")
+    learning_rate: float = Field(1e-4, gt=0, description="SFT learning rate.")
+    batch_size: int = Field(16, ge=1, description="SFT batch size.")
+    max_target_length: int = Field(64, ge=1, description="References are truncated to this many tokens.")
+    max_steps: int | None = Field(None, ge=1, description="Cap on SFT optimizer steps.")
+
+
+class TrainConfig(Strict):
+    n_iters: int = Field(10, ge=0, description="RL iterations (rollout + update).")
+    prompts_per_iter: int = Field(16, ge=1, description="Episodes collected per iteration.")
+    seed: int = Field(0, description="Seed of torch, numpy and Python's random.")
+    eval_every: int = Field(5, ge=0, description="Evaluate every N iterations (0 = only at the end).")
+    save_every: int = Field(5, ge=0, description="Checkpoint every N iterations (0 = only at the end).")
+    log_samples: int = Field(8, ge=0, description="Generations per iteration sent to the sink.")
+    output_dir: str | None = Field(None, description="Run directory; default runs/<name>-<timestamp>.")
+    keep_checkpoints: int = Field(2, ge=1, description="How many checkpoints to keep.")
+    save_final_model: bool = Field(True, description="Write the final model in HF format to <run dir>/model.")
+
+
+class EvalConfig(Strict):
+    split: Literal["validation", "test"] = Field("validation", description="Split evaluated during training.")
+    metrics: list[Component] = Field(
+        default_factory=list, description="Metrics computed on evaluation generations (by registered id)."
+    )
+    generation: GenerationConfig = Field(
+        default_factory=lambda: GenerationConfig(do_sample=False),
+        description="Decoding used for evaluation.",
+    )
+
+
+class RunConfig(Strict):
+    """A complete, reproducible description of one run."""
+
+    name: str = Field("run", description="Human-readable name of the run.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Tokenizer and prompt handling.")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="Data pool.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Training reward.")
+    rollout: GenerationConfig = Field(default_factory=GenerationConfig, description="Generation during rollouts.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
+    kl: KLConfig = Field(default_factory=KLConfig, description="KL penalty to the reference model.")
+    supervised: SupervisedConfig = Field(default_factory=SupervisedConfig, description="Supervised warm start.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Training loop.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """Flatten pydantic errors into ``(dotted.path, message)`` pairs for forms and the CLI."""
+    errs = []
+    for e in exc.errors():
+        loc = _format_loc(tuple(e["loc"])) or "(root)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        errs.append((loc, msg))
+    return errs
+
+
+def parse_config(data: dict[str, Any] | RunConfig, source: str = "config") -> RunConfig:
+    """Validate a mapping; errors become a ConfigError naming every bad field."""
+    if isinstance(data, RunConfig):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        errs = validation_errors(exc)
+        lines = "\n".join(f"  {loc}: {msg}" for loc, msg in errs)
+        raise ConfigError(f"{source}: invalid config\n{lines}", errs) from None
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Apply one ``--set a.b.c=value`` override; the value is parsed as YAML (numbers, bools, lists)."""
+    keys = dotted.split(".")
+    cur = data
+    for k in keys[:-1]:
+        nxt = cur.get(k)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            cur[k] = nxt
+        cur = nxt
+    cur[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    out = []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.n_iters=20")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        out.append((key.strip(), value))
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML/JSON file; a syntax error names the file and line."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file not found: {p}")
+    text = p.read_text()
+    try:
+        data = yaml.safe_load(text) if p.suffix != ".json" else json.loads(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{p}:{where}: bad YAML: {getattr(exc, 'problem', exc)}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: line {exc.lineno}: bad JSON: {exc.msg}") from None
+    return data or {}
+
+
+def is_rl4lms_config(data: dict[str, Any]) -> bool:
+    return isinstance(data, dict) and ("datapool" in data or "reward_fn" in data or "alg" in data or "env" in data)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Load a GRUE Studio config (or an RL4LMs task config, converted) with ``key=value`` overrides."""
+    data = load_yaml(path)
+    if is_rl4lms_config(data):
+        from engine.rl4lms import convert_rl4lms
+
+        data, _unhonoured = convert_rl4lms(data)
+    for key, value in parse_overrides(overrides or []):
+        set_dotted(data, key, value)
+    return parse_config(data, source=str(path))
+
+
+def json_schema() -> dict[str, Any]:
+    return RunConfig.model_json_schema()
