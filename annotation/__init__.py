@@ -1,0 +1,1 @@
+"""Human evaluation: pairwise and Likert annotation campaigns, rankings, agreement, reward models."""
