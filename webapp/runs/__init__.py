@@ -1,0 +1,1 @@
+"""Experiment manager: runs, their metrics, samples, checkpoints; launch/cancel services; live consumer."""

@@ -1,0 +1,445 @@
+"""Reads for pages and APIs: the run table, metric series with peak-keeping downsampling,
+cursors for live catch-up, exports and comparisons. No function here changes state."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection
+from django.db.models import F, FloatField, Q, QuerySet
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
+
+from webapp.runs.broadcast import clean_float, status_message
+from webapp.runs.models import MetricPoint, Run, RunLog, RunStatus, Sample
+
+# --------------------------------------------------------------------------- run table
+
+SORTABLE = {
+    "id": "id",
+    "name": "name",
+    "status": "status",
+    "created": "created",
+    "started": "started_at",
+    "finished": "finished_at",
+    "algorithm": "algorithm",
+    "task": "task",
+    "model": "model_name",
+    "progress": "progress",
+}
+DEFAULT_METRIC_COLUMNS = ["train/reward_mean", "train/kl"]
+
+
+@dataclass
+class RunTable:
+    rows: list[Run]
+    total: int
+    page: int
+    per_page: int
+    pages: int
+    sort: str
+    metric_columns: list[str]
+    filters: dict[str, str] = field(default_factory=dict)
+    facets: dict[str, list[str]] = field(default_factory=dict)
+
+    def metric_value(self, run: Run, key: str) -> float | None:
+        return (run.last_metrics or {}).get(key)
+
+
+def _get(params: Mapping[str, Any], name: str) -> str:
+    v = params.get(name, "")
+    if isinstance(v, (list, tuple)):
+        v = v[-1] if v else ""
+    return str(v or "").strip()
+
+
+def filter_runs(params: Mapping[str, Any], qs: QuerySet[Run] | None = None) -> QuerySet[Run]:
+    """Filters: status, tag, task, algorithm, project, user (username), q (name/notes/tags/model/id)."""
+    qs = qs if qs is not None else Run.objects.all()
+    if status := _get(params, "status"):
+        qs = qs.filter(status__in=[s for s in status.split(",") if s])
+    if tag := _get(params, "tag"):
+        qs = qs.filter(tags__contains=[tag])
+    if task := _get(params, "task"):
+        qs = qs.filter(task=task)
+    if algo := _get(params, "algorithm"):
+        qs = qs.filter(algorithm=algo)
+    if project := _get(params, "project"):
+        qs = qs.filter(project__name=project)
+    if user := _get(params, "user"):
+        qs = qs.filter(created_by__username=user)
+    if q := _get(params, "q"):
+        cond = (
+            Q(name__icontains=q) | Q(notes__icontains=q) | Q(model_name__icontains=q) | Q(tags__contains=[q])
+        )
+        if q.lstrip("#").isdigit():
+            cond |= Q(pk=int(q.lstrip("#")))
+        qs = qs.filter(cond)
+    return qs
+
+
+def run_table(
+    params: Mapping[str, Any] | None = None,
+    *,
+    metric_columns: Sequence[str] | None = None,
+    per_page: int = 50,
+) -> RunTable:
+    """One page of the run table. ``params`` is the URL query (so the URL holds the table state):
+    filters (see ``filter_runs``), ``sort`` (a SORTABLE name or ``metric:<key>``, ``-`` prefix for
+    descending; default ``-created``), ``page`` (1-based), ``per_page``, ``metrics`` (comma list)."""
+    params = params or {}
+    qs = filter_runs(params).select_related("created_by", "project")
+    if metric_columns is None:
+        raw = _get(params, "metrics")
+        metric_columns = [m for m in raw.split(",") if m] if raw else list(DEFAULT_METRIC_COLUMNS)
+    sort = _get(params, "sort") or "-created"
+    desc = sort.startswith("-")
+    name = sort.lstrip("-")
+    if name.startswith("metric:"):
+        key = name[len("metric:") :]
+        qs = qs.annotate(_sortval=Cast(KeyTextTransform(key, "last_metrics"), FloatField()))
+        order = F("_sortval").desc(nulls_last=True) if desc else F("_sortval").asc(nulls_last=True)
+        qs = qs.order_by(order, "-id")
+    elif name in SORTABLE:
+        col = SORTABLE[name]
+        qs = qs.order_by(F(col).desc(nulls_last=True) if desc else F(col).asc(nulls_last=True), "-id")
+    else:
+        sort = "-created"
+        qs = qs.order_by("-created", "-id")
+    try:
+        per_page = max(1, min(500, int(_get(params, "per_page") or per_page)))
+    except ValueError:
+        pass
+    total = qs.count()
+    pages = max(1, (total + per_page - 1) // per_page)
+    try:
+        page = int(_get(params, "page") or 1)
+    except ValueError:
+        page = 1
+    page = max(1, min(page, pages))
+    rows = list(qs[(page - 1) * per_page : page * per_page])
+    filters = {k: _get(params, k) for k in ("status", "tag", "task", "algorithm", "project", "user", "q")}
+    return RunTable(
+        rows=rows,
+        total=total,
+        page=page,
+        per_page=per_page,
+        pages=pages,
+        sort=sort,
+        metric_columns=list(metric_columns),
+        filters={k: v for k, v in filters.items() if v},
+        facets=facets(),
+    )
+
+
+def facets() -> dict[str, list[str]]:
+    """Distinct values for the filter dropdowns."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT DISTINCT unnest(tags) FROM {Run._meta.db_table} ORDER BY 1")
+        tags = [r[0] for r in cur.fetchall()]
+    return {
+        "status": [s.value for s in RunStatus],
+        "task": sorted(t for t in Run.objects.values_list("task", flat=True).distinct() if t),
+        "algorithm": sorted(a for a in Run.objects.values_list("algorithm", flat=True).distinct() if a),
+        "tag": tags,
+    }
+
+
+def metric_keys(run_ids: int | Iterable[int]) -> list[str]:
+    """All metric keys of one or more runs (sorted)."""
+    ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
+    if not ids:
+        return []
+    # A loose index scan would be faster still; DISTINCT on the (run, key, step) index is fine.
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT DISTINCT key FROM {MetricPoint._meta.db_table} WHERE run_id = ANY(%s) ORDER BY key",
+            [ids],
+        )
+        return [r[0] for r in cur.fetchall()]
+
+
+# --------------------------------------------------------------------------- metric series
+
+
+def metric_series(
+    run_id: int,
+    key: str,
+    *,
+    max_points: int = 2000,
+    x0: float | None = None,
+    x1: float | None = None,
+) -> dict[str, Any]:
+    """Points of one metric for a chart: ``{"key", "x": [...steps], "y": [...], "total", "downsampled",
+    "x0", "x1", "last_id"}``.
+
+    With more than ``max_points`` points in the range, the steps are cut into ``max_points // 4``
+    equal buckets and each bucket keeps its first, last, minimum and maximum point: spikes survive
+    (unlike averaging or striding). A zoom range ``[x0, x1]`` (steps) returns full resolution when
+    it holds at most ``max_points`` points, and is downsampled the same way otherwise.
+    """
+    table = MetricPoint._meta.db_table
+    where = "run_id = %s AND key = %s"
+    args: list[Any] = [run_id, key]
+    if x0 is not None:
+        where += " AND step >= %s"
+        args.append(int(x0) if float(x0).is_integer() else float(x0))
+    if x1 is not None:
+        where += " AND step <= %s"
+        args.append(int(x1) if float(x1).is_integer() else float(x1))
+    max_points = max(8, int(max_points))
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT count(*), min(step), max(step), max(id) FROM {table} WHERE {where}", args)
+        total, lo, hi, last_id = cur.fetchone()
+        if total <= max_points:
+            cur.execute(f"SELECT step, value FROM {table} WHERE {where} ORDER BY step", args)
+            pts = cur.fetchall()
+            downsampled = False
+        else:
+            nb = max(1, max_points // 4)
+            width = (hi - lo + 1) / nb
+            # Inside each bucket: rank points by step (first/last) and by value (min/max), keep those.
+            cur.execute(
+                f"""
+                SELECT step, value FROM (
+                  SELECT step, value,
+                    row_number() OVER (PARTITION BY b ORDER BY step) AS r_first,
+                    row_number() OVER (PARTITION BY b ORDER BY step DESC) AS r_last,
+                    row_number() OVER (PARTITION BY b ORDER BY value ASC NULLS LAST, step) AS r_min,
+                    row_number() OVER (PARTITION BY b ORDER BY value DESC NULLS LAST, step) AS r_max
+                  FROM (
+                    SELECT step, value, floor((step - %s) / %s)::int AS b FROM {table} WHERE {where}
+                  ) t
+                ) r
+                WHERE r_first = 1 OR r_last = 1 OR r_min = 1 OR r_max = 1
+                ORDER BY step
+                """,
+                [lo, width, *args],
+            )
+            pts = cur.fetchall()
+            downsampled = True
+    return {
+        "key": key,
+        "x": [p[0] for p in pts],
+        "y": [clean_float(p[1]) for p in pts],
+        "total": total,
+        "downsampled": downsampled,
+        "x0": lo,
+        "x1": hi,
+        "last_id": last_id or 0,
+    }
+
+
+def metric_series_many(
+    run_id: int,
+    keys: Iterable[str] | None = None,
+    *,
+    max_points: int = 2000,
+    x0: float | None = None,
+    x1: float | None = None,
+) -> dict[str, dict[str, Any]]:
+    """``metric_series`` for several keys (all keys of the run by default)."""
+    keys = list(keys) if keys is not None else metric_keys(run_id)
+    return {k: metric_series(run_id, k, max_points=max_points, x0=x0, x1=x1) for k in keys}
+
+
+def metric_cursor(run_id: int) -> int:
+    """The largest metric point id of a run: the cursor to subscribe after a full page load."""
+    row = MetricPoint.objects.filter(run_id=run_id).order_by("-id").values_list("id", flat=True).first()
+    return row or 0
+
+
+# --------------------------------------------------------------------------- live catch-up
+
+
+def metrics_after(run_id: int, cursor: int, *, limit: int | None = None) -> list[dict[str, Any]]:
+    """Points with id > cursor in id order (what a reconnecting browser missed)."""
+    qs = (
+        MetricPoint.objects.filter(run_id=run_id, id__gt=cursor)
+        .order_by("id")
+        .values_list("id", "key", "step", "value")
+    )
+    if limit:
+        qs = qs[:limit]
+    return [{"id": i, "key": k, "step": s, "value": clean_float(v)} for i, k, s, v in qs]
+
+
+def samples_after(run_id: int, cursor: int, *, limit: int | None = 500) -> list[dict[str, Any]]:
+    from webapp.runs.services import sample_row
+
+    qs = Sample.objects.filter(run_id=run_id, id__gt=cursor).order_by("id")
+    if limit:
+        qs = qs[:limit]
+    return [sample_row(s) for s in qs]
+
+
+def logs_after(run_id: int, cursor: int, *, limit: int | None = 1000) -> list[dict[str, Any]]:
+    qs = RunLog.objects.filter(run_id=run_id, id__gt=cursor).order_by("id").values_list("id", "line", "time")
+    if limit:
+        qs = qs[:limit]
+    return [{"id": i, "line": line, "time": t.isoformat()} for i, line, t in qs]
+
+
+def latest_samples(run_id: int, *, split: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest generations (newest first) for the run page."""
+    from webapp.runs.services import sample_row
+
+    qs = Sample.objects.filter(run_id=run_id)
+    if split:
+        qs = qs.filter(split=split)
+    return [sample_row(s) for s in qs.order_by("-id")[:limit]]
+
+
+def run_status_message(run_id: int) -> dict[str, Any] | None:
+    run = Run.objects.filter(pk=run_id).first()
+    return status_message(run) if run else None
+
+
+# --------------------------------------------------------------------------- export
+
+
+EXPORT_COLUMNS = ["run_id", "run_name", "key", "step", "value", "time"]
+
+
+def export_rows(run_ids: Iterable[int], keys: Iterable[str] | None = None) -> Iterator[tuple[Any, ...]]:
+    """(run_id, run_name, key, step, value, time) rows, streamed from a server-side cursor."""
+    ids = list(run_ids)
+    names = dict(Run.objects.filter(pk__in=ids).values_list("pk", "name"))
+    qs = MetricPoint.objects.filter(run_id__in=ids)
+    if keys:
+        qs = qs.filter(key__in=list(keys))
+    qs = qs.order_by("run_id", "key", "step").values_list("run_id", "key", "step", "value", "time")
+    for run_id, key, step, value, t in qs.iterator(chunk_size=5000):
+        yield run_id, names.get(run_id, ""), key, step, value, t.isoformat()
+
+
+def metrics_csv(run_ids: Iterable[int], keys: Iterable[str] | None = None) -> Iterator[str]:
+    """CSV text chunks (for a StreamingHttpResponse)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(EXPORT_COLUMNS)
+    n = 0
+    for row in export_rows(run_ids, keys):
+        writer.writerow(row)
+        n += 1
+        if n % 2000 == 0:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
+
+
+def metrics_json(run_ids: Iterable[int], keys: Iterable[str] | None = None) -> dict[str, Any]:
+    """``{"runs": [{"id", "name", "status", "config", "summary", "metrics": {key: [[step, value], ...]}}]}``."""
+    ids = list(run_ids)
+    runs = {r.pk: r for r in Run.objects.filter(pk__in=ids)}
+    out: dict[int, dict[str, Any]] = {
+        rid: {
+            "id": rid,
+            "name": r.name,
+            "status": r.status,
+            "config": r.config,
+            "summary": r.summary,
+            "metrics": {},
+        }
+        for rid, r in runs.items()
+    }
+    for run_id, _name, key, step, value, _t in export_rows(ids, keys):
+        out[run_id]["metrics"].setdefault(key, []).append([step, clean_float(value)])
+    return {"runs": [out[i] for i in ids if i in out]}
+
+
+def metrics_json_text(run_ids: Iterable[int], keys: Iterable[str] | None = None) -> str:
+    return json.dumps(metrics_json(run_ids, keys), allow_nan=False)
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        path = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, path))
+        else:
+            out[path] = v
+    return out
+
+
+def config_diff(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """Only the config keys whose values differ between runs: ``[{"key", "values": [...per run]}]``."""
+    flats = [flatten(r.config or {}) for r in runs]
+    keys = sorted(set().union(*[f.keys() for f in flats])) if flats else []
+    missing = object()
+    diff = []
+    for k in keys:
+        vals = [f.get(k, missing) for f in flats]
+        if any(
+            json.dumps(v, sort_keys=True, default=str) != json.dumps(vals[0], sort_keys=True, default=str)
+            for v in vals[1:]
+        ):
+            diff.append({"key": k, "values": [None if v is missing else v for v in vals]})
+    return diff
+
+
+def final_metrics(runs: Sequence[Run], keys: Iterable[str] | None = None) -> dict[str, Any]:
+    """``{"keys": [...], "rows": [{"run": run, "values": {key: last value}}]}`` for the compare table."""
+    if keys is None:
+        ks: set[str] = set()
+        for r in runs:
+            ks.update((r.last_metrics or {}).keys())
+        keys = sorted(ks)
+    keys = list(keys)
+    return {
+        "keys": keys,
+        "rows": [{"run": r, "values": {k: (r.last_metrics or {}).get(k) for k in keys}} for r in runs],
+    }
+
+
+def samples_side_by_side(
+    runs: Sequence[Run], *, split: str | None = None, limit: int = 20
+) -> list[dict[str, Any]]:
+    """Generations for the same prompts across runs, from each run's newest step of that split
+    (``split`` default: "validation"/"test" if present, else "train").
+    ``[{"prompt", "references", "by_run": {run_id: {"generation", "reward", "step"} | None}}]``."""
+    ids = [r.pk for r in runs]
+    if not ids:
+        return []
+    if split is None:
+        splits = set(Sample.objects.filter(run_id__in=ids).values_list("split", flat=True).distinct())
+        split = next((s for s in ("validation", "test", "eval", "train") if s in splits), None)
+        if split is None:
+            return []
+    latest: dict[int, int] = {}
+    for rid in ids:
+        step = (
+            Sample.objects.filter(run_id=rid, split=split)
+            .order_by("-step")
+            .values_list("step", flat=True)
+            .first()
+        )
+        if step is not None:
+            latest[rid] = step
+    table: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    for rid, step in latest.items():
+        for s in Sample.objects.filter(run_id=rid, split=split, step=step).order_by("id"):
+            key = s.sample_id or s.prompt
+            if key not in table:
+                table[key] = {"prompt": s.prompt, "references": s.references, "by_run": dict.fromkeys(ids)}
+                order.append(key)
+            table[key]["by_run"][rid] = {
+                "generation": s.generation,
+                "reward": s.reward,
+                "step": s.step,
+                "metrics": s.metrics,
+            }
+    # Prompts every run answered first.
+    order.sort(key=lambda k: -sum(v is not None for v in table[k]["by_run"].values()))
+    return [table[k] for k in order[:limit]]

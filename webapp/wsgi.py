@@ -1,0 +1,8 @@
+"""WSGI entry point (HTTP only; live updates need the ASGI app in ``webapp.asgi``)."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+application = get_wsgi_application()
