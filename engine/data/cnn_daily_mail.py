@@ -17,7 +17,7 @@ SUMMARIZATION_METRICS = [
     {"id": "meteor", "args": {}},
     {"id": "rouge", "args": {}},
     {"id": "bleu", "args": {}},
-    {"id": "bert_score", "args": {}},
+    {"id": "bertscore", "args": {}},
     {"id": "diversity", "args": {}},
 ]
 

@@ -24,7 +24,7 @@ COMMONGEN_METRICS = [
     {"id": "meteor", "args": {}},
     {"id": "rouge", "args": {}},
     {"id": "bleu", "args": {}},
-    {"id": "bert_score", "args": {}},
+    {"id": "bertscore", "args": {}},
     {"id": "cider", "args": {}},
     {"id": "diversity", "args": {}},
 ]

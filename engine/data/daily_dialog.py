@@ -23,7 +23,7 @@ DIALOG_METRICS = [
     {"id": "meteor", "args": {}},
     {"id": "rouge", "args": {}},
     {"id": "bleu", "args": {}},
-    {"id": "bert_score", "args": {}},
+    {"id": "bertscore", "args": {}},
     {"id": "diversity", "args": {}},
 ]
 

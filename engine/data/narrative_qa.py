@@ -30,7 +30,7 @@ QA_METRICS = [
     {"id": "meteor", "args": {}},
     {"id": "rouge", "args": {}},
     {"id": "bleu", "args": {}},
-    {"id": "bert_score", "args": {}},
+    {"id": "bertscore", "args": {}},
     {"id": "rouge_l_max", "args": {}},
     {"id": "diversity", "args": {}},
 ]

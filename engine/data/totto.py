@@ -22,7 +22,7 @@ TOTTO_METRICS = [
     {"id": "parent", "args": {}},
     {"id": "rouge", "args": {}},
     {"id": "bleu", "args": {}},
-    {"id": "bert_score", "args": {}},
+    {"id": "bertscore", "args": {}},
     {"id": "diversity", "args": {}},
 ]
 

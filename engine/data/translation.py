@@ -23,7 +23,7 @@ TRANSLATION_METRICS = [
     {"id": "sacre_bleu", "args": {}},
     {"id": "chrf", "args": {}},
     {"id": "ter", "args": {}},
-    {"id": "bert_score", "args": {}},
+    {"id": "bertscore", "args": {}},
     {"id": "diversity", "args": {}},
 ]
 

@@ -1,0 +1,136 @@
+"""Reward functions, each registered by id in ``engine.registry.rewards``, and ``build_reward``.
+
+A reward is batched: ``reward(prompts, generations, references, meta) -> list[float]`` (one terminal
+reward per episode). Importing this package imports every submodule so that their decorators run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import pkgutil
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from engine.registry import rewards
+
+RewardFn = Callable[[list[str], list[str], list[list[str]], list[dict[str, Any]]], list[float]]
+
+__all__ = ["RewardError", "RewardFn", "WeightedSum", "build_reward", "call_reward"]
+
+
+class RewardError(ValueError):
+    """A reward that cannot be built or returned bad values; the message names the component."""
+
+
+def call_reward(
+    fn: Any,
+    prompts: Sequence[str],
+    generations: Sequence[str],
+    references: Sequence[Sequence[str]] | None = None,
+    meta: Sequence[dict[str, Any]] | None = None,
+    name: str = "reward",
+) -> list[float]:
+    """Call a reward and check that it returned one finite float per generation."""
+    n = len(generations)
+    references = [list(r) for r in references] if references is not None else [[] for _ in range(n)]
+    meta = list(meta) if meta is not None else [{} for _ in range(n)]
+    if len(prompts) != n or len(references) != n or len(meta) != n:
+        raise RewardError(
+            f"{name}: got {len(prompts)} prompts, {n} generations, {len(references)} reference lists, "
+            f"{len(meta)} meta dicts; they must have the same length"
+        )
+    out = fn(list(prompts), list(generations), references, meta)
+    try:
+        values = [float(v) for v in out]
+    except (TypeError, ValueError) as exc:
+        raise RewardError(f"{name}: returned non-numeric values ({exc})") from exc
+    if len(values) != n:
+        raise RewardError(f"{name}: returned {len(values)} values for {n} generations")
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        raise RewardError(f"{name}: non-finite reward at positions {bad[:5]}")
+    return values
+
+
+class WeightedSum:
+    """``sum_i w_i * r_i`` of several rewards, e.g. intent accuracy + METEOR for DailyDialog."""
+
+    def __init__(self, components: Sequence[tuple[str, float, Any]]):
+        if not components:
+            raise RewardError("weighted_sum: needs at least one component (reward.components)")
+        self.components = list(components)
+
+    def __call__(self, prompts, generations, references, meta) -> list[float]:
+        total = [0.0] * len(generations)
+        for name, weight, fn in self.components:
+            if weight == 0:
+                continue
+            vals = call_reward(fn, prompts, generations, references, meta, name=name)
+            total = [t + weight * v for t, v in zip(total, vals)]
+        return total
+
+
+def _build_component(cid: str, args: dict[str, Any]) -> Any:
+    if cid == "weighted_sum":
+        return _weighted_sum_factory(**args)
+    return rewards.build(cid, **args)
+
+
+def _weighted_sum_factory(components: Sequence[Any] = ()) -> WeightedSum:
+    built = []
+    for i, comp in enumerate(components):
+        if isinstance(comp, dict):
+            cid, args, weight = comp.get("id"), comp.get("args") or {}, comp.get("weight", 1.0)
+        else:
+            cid, args, weight = comp.id, comp.args, comp.weight
+        if not cid:
+            raise RewardError(f"reward.components[{i}]: missing id")
+        built.append((f"reward.components[{i}] ({cid})", float(weight), _build_component(cid, dict(args))))
+    return WeightedSum(built)
+
+
+rewards.add("weighted_sum", _weighted_sum_factory, "Weighted sum of several rewards (reward.components)")
+
+
+class _WithPrompt:
+    """Scores ``prompt + generation``: a sentiment classifier judges the whole review, not its tail."""
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+
+    def __call__(self, prompts, generations, references, meta) -> list[float]:
+        return self.fn(prompts, [p + g for p, g in zip(prompts, generations)], references, meta)
+
+
+def build_reward(cfg: Any) -> RewardFn:
+    """The callable of a RewardConfig (or its dict): one reward, or a weighted sum of ``components``.
+
+    The result checks its own output (one finite float per generation) so that a broken user reward
+    fails with its name instead of corrupting advantages.
+    """
+    if isinstance(cfg, dict):
+        from engine.config import RewardConfig
+
+        cfg = RewardConfig.model_validate(cfg)
+    if cfg.id == "weighted_sum":
+        comps = cfg.components or cfg.args.get("components", [])
+        fn: Any = _weighted_sum_factory(comps)
+    else:
+        if cfg.components:
+            raise RewardError(f"reward.components is only used with id 'weighted_sum' (got id {cfg.id!r})")
+        fn = rewards.build(cfg.id, **cfg.args)
+    if cfg.include_prompt:
+        fn = _WithPrompt(fn)
+    name = f"reward {cfg.id!r}"
+
+    def reward(prompts, generations, references=None, meta=None) -> list[float]:
+        return call_reward(fn, prompts, generations, references, meta, name=name)
+
+    reward.inner = fn  # type: ignore[attr-defined]
+    return reward
+
+
+for _mod in pkgutil.iter_modules(__path__):
+    if not _mod.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_mod.name}")
