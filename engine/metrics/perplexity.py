@@ -1,0 +1,102 @@
+"""Perplexity of the generations under a fixed reference causal LM (fluency).
+
+RL4LMs computes this metric on the *references* (so it never changes with the policy, a bug); here
+the generated texts are scored. Each generation is scored after the model's BOS token (GPT-2: its
+``<|endoftext|>``), optionally after its prompt (``condition_on_prompt``): only generation tokens count.
+
+* per sample: ``exp(mean NLL of the generation's tokens)``;
+* corpus: ``exp(total NLL / total generation tokens)`` (token-weighted, like the usual corpus perplexity).
+Empty generations have no tokens: their per-sample value is NaN and they do not enter the corpus value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from engine.metrics.base import Metric, MetricError, MetricResult, check_inputs, resolve_model_path
+from engine.registry import metrics
+
+DEFAULT_MODEL = "builtin:tiny-gpt2"
+
+
+@metrics.register("perplexity", "perplexity of the generations under a fixed reference causal LM")
+class Perplexity(Metric):
+    """``model``: HF causal LM directory or hub name, or a builtin tiny model (``builtin:tiny-gpt2``)."""
+
+    reward_key = "fluency_metrics/perplexity"
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        tokenizer: str | None = None,
+        condition_on_prompt: bool = False,
+        batch_size: int = 8,
+        max_length: int = 512,
+        device: str = "cpu",
+        gguf_file: str | None = None,
+    ):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = resolve_model_path(model)
+        kw: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                resolve_model_path(tokenizer) if tokenizer else path, **kw
+            )
+            self.model = (
+                AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).to(device).eval()
+            )
+        except OSError as exc:
+            raise MetricError(f"perplexity: cannot load causal LM {model!r}: {exc}") from exc
+        bos = self.tokenizer.bos_token_id
+        if bos is None:
+            bos = self.tokenizer.eos_token_id
+        if bos is None:
+            raise MetricError(f"perplexity: tokenizer of {model!r} has neither a BOS nor an EOS token")
+        self.bos = int(bos)
+        self.condition_on_prompt = condition_on_prompt
+        self.batch_size, self.max_length, self.device = batch_size, max_length, device
+
+    def token_nlls(self, prompts: list[str], generations: list[str]) -> list[list[float]]:
+        """Negative log-likelihood of every generation token (natural log)."""
+        import torch
+
+        seqs: list[tuple[list[int], int]] = []
+        for p, g in zip(prompts, generations):
+            ctx = [self.bos] + (
+                self.tokenizer(p, add_special_tokens=False)["input_ids"] if self.condition_on_prompt else []
+            )
+            gen = self.tokenizer(g, add_special_tokens=False)["input_ids"]
+            ids = (ctx + gen)[-self.max_length :]
+            seqs.append((ids, min(len(gen), len(ids) - 1)))
+        out: list[list[float]] = []
+        for i in range(0, len(seqs), self.batch_size):
+            batch = seqs[i : i + self.batch_size]
+            width = max(len(s) for s, _ in batch)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            mask = torch.zeros(len(batch), width, dtype=torch.long)
+            for j, (s, _) in enumerate(batch):
+                ids[j, : len(s)] = torch.tensor(s)
+                mask[j, : len(s)] = 1
+            with torch.no_grad():
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            for j, (s, n_gen) in enumerate(batch):
+                nll = []
+                for pos in range(len(s) - n_gen, len(s)):
+                    nll.append(-float(logp[j, pos - 1, s[pos]]))
+                out.append(nll)
+        return out
+
+    def compute(self, prompts, generations, references, meta=None) -> MetricResult:
+        check_inputs(prompts, generations, references, meta)
+        nlls = self.token_nlls(list(prompts), list(generations))
+        per = [math.exp(sum(n) / len(n)) if n else math.nan for n in nlls]
+        total = sum(len(n) for n in nlls)
+        corpus = math.exp(sum(sum(n) for n in nlls) / total) if total else math.nan
+        return {"fluency_metrics/perplexity": (per, corpus)}
+
+
+metrics.add("causal_perplexity", Perplexity, "alias of perplexity (RL4LMs id), scoring generations")
