@@ -1,0 +1,615 @@
+"""Forms of the experiment manager, the launch form generated from the engine's JSON Schema.
+
+The launch form is built from ``engine.config.json_schema()`` at runtime instead of being written by
+hand, so that a field added to ``RunConfig`` shows up in the browser with its default, help text and
+bounds without touching the web app. Validation is the engine's own (``parse_config``): the form only
+converts widgets to a nested dict and puts the engine's ``(dotted.path, message)`` errors back on the
+widget they belong to.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from django import forms
+from django.conf import settings
+
+from engine.config import ConfigError, RunConfig, json_schema, parse_config
+
+SEP = "__"
+
+# Section order and titles of the generated form (top-level keys of RunConfig).
+SECTION_TITLES: dict[str, str] = {
+    "general": "General",
+    "model": "Model",
+    "tokenizer": "Tokenizer",
+    "task": "Task",
+    "reward": "Reward",
+    "rollout": "Rollout generation",
+    "algorithm": "Algorithm",
+    "kl": "KL penalty",
+    "supervised": "Supervised warm start",
+    "train": "Training loop",
+    "eval": "Evaluation",
+}
+
+# Fields whose value is a registered component id: offered as a select of the registry's ids.
+REGISTRY_FIELDS: dict[str, str] = {"task.id": "tasks", "reward.id": "rewards", "algorithm.id": "algorithms"}
+# List-of-component fields: edited as a small YAML list, ids checked against this registry.
+COMPONENT_LIST_FIELDS: dict[str, str] = {"eval.metrics": "metrics", "reward.components": "rewards"}
+
+
+@dataclass
+class FieldSpec:
+    """One leaf of the config schema, as the form sees it."""
+
+    path: str
+    kind: str  # "str" | "int" | "float" | "bool" | "enum" | "yaml"
+    title: str
+    help: str = ""
+    nullable: bool = False
+    choices: list[str] = field(default_factory=list)
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: float | None = None
+    exclusive_maximum: float | None = None
+    container: str = ""  # "dict" | "list" for yaml fields
+
+    @property
+    def name(self) -> str:
+        return self.path.replace(".", SEP)
+
+    @property
+    def section(self) -> str:
+        parts = self.path.split(".")
+        return parts[0] if len(parts) > 1 else "general"
+
+    @property
+    def subsection(self) -> str:
+        """A nested model inside a section (``algorithm.nlpo``, ``eval.generation``), else ''."""
+        parts = self.path.split(".")
+        return ".".join(parts[:-1]) if len(parts) > 2 else ""
+
+
+def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    ref = node.get("$ref")
+    if ref:
+        name = ref.rsplit("/", 1)[-1]
+        merged = dict(schema["$defs"][name])
+        merged.update({k: v for k, v in node.items() if k != "$ref"})
+        return merged
+    return node
+
+
+def schema_fields(schema: dict[str, Any] | None = None) -> list[FieldSpec]:
+    """Every leaf of the run config as a FieldSpec, in schema order (nested models recursed)."""
+    schema = schema or json_schema()
+    out: list[FieldSpec] = []
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, raw in node.get("properties", {}).items():
+            path = f"{prefix}.{key}" if prefix else key
+            prop = _resolve(schema, raw)
+            nullable = False
+            if "anyOf" in prop:
+                options = [_resolve(schema, o) for o in prop["anyOf"]]
+                non_null = [o for o in options if o.get("type") != "null"]
+                nullable = len(non_null) < len(options)
+                base = dict(non_null[0]) if len(non_null) == 1 else {"type": "object"}
+                base.update({k: v for k, v in prop.items() if k != "anyOf"})
+                prop = base
+            typ = prop.get("type")
+            title = prop.get("title") or key.replace("_", " ").title()
+            help_text = prop.get("description", "")
+            if typ == "object" and "properties" in prop and prop.get("additionalProperties") is False:
+                walk(prop, path)
+                continue
+            spec = FieldSpec(path=path, kind="str", title=title, help=help_text, nullable=nullable)
+            if "enum" in prop:
+                spec.kind = "enum"
+                spec.choices = [str(c) for c in prop["enum"]]
+            elif typ == "boolean":
+                spec.kind = "bool"
+            elif typ == "integer":
+                spec.kind = "int"
+            elif typ == "number":
+                spec.kind = "float"
+            elif typ == "object":
+                spec.kind, spec.container = "yaml", "dict"
+            elif typ == "array":
+                spec.kind, spec.container = "yaml", "list"
+            spec.minimum = prop.get("minimum")
+            spec.maximum = prop.get("maximum")
+            spec.exclusive_minimum = prop.get("exclusiveMinimum")
+            spec.exclusive_maximum = prop.get("exclusiveMaximum")
+            out.append(spec)
+
+    walk(schema, "")
+    return out
+
+
+# ---------------------------------------------------------------- nested dict helpers
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``; lists stay leaves (used by config diffs too)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def get_path(data: dict[str, Any], path: str, default: Any = None) -> Any:
+    cur: Any = data
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return default
+        cur = cur[part]
+    return cur
+
+
+def set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    cur = data
+    for part in parts[:-1]:
+        cur = cur.setdefault(part, {})
+    cur[parts[-1]] = value
+
+
+def default_config() -> dict[str, Any]:
+    return RunConfig().to_dict()
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def load_yaml_text(text: str, what: str = "YAML") -> Any:
+    """Parse YAML typed into a textarea; a syntax error names the line."""
+    try:
+        return yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise forms.ValidationError(f"bad {what}{where}: {getattr(exc, 'problem', None) or exc}") from None
+
+
+# ---------------------------------------------------------------- component choices
+
+
+def registry_ids(name: str) -> list[str]:
+    """Ids of one engine registry; an engine part that fails to import must not take the form down."""
+    from engine import registry
+
+    try:
+        return list(getattr(registry, name).ids())
+    except Exception:  # noqa: BLE001 - a broken plugin module; the field falls back to free text
+        return []
+
+
+def learned_reward_choices() -> list[dict[str, Any]]:
+    """Reward models trained from human judgments (annotation app), when that app is installed."""
+    try:
+        from annotation.services import reward_choices
+
+        choices = reward_choices()
+    except (ImportError, AttributeError):
+        return []
+    except Exception:  # noqa: BLE001 - the launch page must open even if that app's tables are missing
+        return []
+    return [
+        c for c in choices or [] if isinstance(c, dict) and "label" in c and isinstance(c.get("reward"), dict)
+    ]
+
+
+def list_presets() -> list[dict[str, str]]:
+    """Presets from ``engine.presets`` as ``[{"name", "description"}]``; [] until that module exists."""
+    try:
+        from engine import presets
+    except ImportError:
+        return []
+    try:
+        raw = presets.list_presets()
+    except Exception:  # noqa: BLE001
+        return []
+    out = []
+    for item in raw or []:
+        if isinstance(item, str):
+            out.append({"name": item, "description": ""})
+        elif isinstance(item, dict) and "name" in item:
+            out.append({"name": str(item["name"]), "description": str(item.get("description", ""))})
+        elif hasattr(item, "name"):
+            out.append({"name": str(item.name), "description": str(getattr(item, "description", ""))})
+    return out
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    """A preset's config dict; ConfigError with a clear message when it does not exist."""
+    try:
+        from engine import presets
+    except ImportError:
+        raise ConfigError("presets are not available in this installation") from None
+    try:
+        cfg = presets.load_preset(name)
+    except (KeyError, FileNotFoundError, ValueError) as exc:
+        raise ConfigError(f"unknown preset {name!r}: {exc}") from None
+    if isinstance(cfg, RunConfig):
+        return cfg.to_dict()
+    return parse_config(dict(cfg), source=f"preset {name}").to_dict()
+
+
+# ---------------------------------------------------------------- the generated form
+
+
+def _yaml_text(value: Any) -> str:
+    if value in (None, {}, []):
+        return ""
+    return dump_yaml(value)
+
+
+class RunConfigForm(forms.Form):
+    """The whole RunConfig as a flat form; ``self.config`` holds the validated RunConfig."""
+
+    def __init__(self, data: Any = None, initial_config: dict[str, Any] | None = None, **kwargs: Any):
+        super().__init__(data, **kwargs)
+        self.specs = schema_fields()
+        self.config: RunConfig | None = None
+        self.learned_rewards = learned_reward_choices()
+        base = default_config()
+        if initial_config:
+            base = _deep_merge(base, initial_config)
+        self.initial_config = base
+        for spec in self.specs:
+            self.fields[spec.name] = self._make_field(spec, get_path(base, spec.path))
+        if self.learned_rewards:
+            self.fields["reward_preset"] = forms.ChoiceField(
+                required=False,
+                label="Learned reward model",
+                help_text="Use a reward model trained from human judgments; replaces the reward section.",
+                choices=[("", "(none: use the reward below)")]
+                + [(str(i), c["label"]) for i, c in enumerate(self.learned_rewards)],
+            )
+
+    # Widgets ---------------------------------------------------------------------------------
+    def _make_field(self, spec: FieldSpec, initial: Any) -> forms.Field:
+        common: dict[str, Any] = {"label": spec.title, "help_text": spec.help, "initial": initial}
+        registry = REGISTRY_FIELDS.get(spec.path)
+        if registry:
+            ids = registry_ids(registry)
+            if ids:
+                choices = [(i, i) for i in ids]
+                return forms.ChoiceField(choices=choices, required=True, **common)
+        if spec.kind == "enum":
+            choices = [(c, c) for c in spec.choices]
+            if spec.nullable:
+                choices = [("", "(none)")] + choices
+            return forms.ChoiceField(choices=choices, required=not spec.nullable, **common)
+        if spec.kind == "bool":
+            return forms.BooleanField(required=False, **common)
+        attrs: dict[str, Any] = {}
+        low = spec.minimum if spec.minimum is not None else spec.exclusive_minimum
+        high = spec.maximum if spec.maximum is not None else spec.exclusive_maximum
+        if low is not None:
+            attrs["min"] = low
+        if high is not None:
+            attrs["max"] = high
+        if spec.kind == "int":
+            attrs["step"] = 1
+            return forms.IntegerField(
+                required=not spec.nullable, widget=forms.NumberInput(attrs=attrs), **common
+            )
+        if spec.kind == "float":
+            # Free-text number so that 1e-05 keeps its notation; bounds are the engine's to check.
+            attrs.update({"inputmode": "decimal", "class": "num"})
+            return forms.FloatField(required=not spec.nullable, widget=forms.TextInput(attrs=attrs), **common)
+        if spec.kind == "yaml":
+            common["initial"] = _yaml_text(initial)
+            hint = " (YAML list of {id, args})" if spec.path in COMPONENT_LIST_FIELDS else " (YAML mapping)"
+            if spec.path in COMPONENT_LIST_FIELDS:
+                ids = registry_ids(COMPONENT_LIST_FIELDS[spec.path])
+                if ids:
+                    hint += ". Registered ids: " + ", ".join(ids)
+            common["help_text"] = (spec.help + hint).strip()
+            return forms.CharField(
+                required=False,
+                widget=forms.Textarea(attrs={"rows": 3, "class": "yaml", "spellcheck": "false"}),
+                **common,
+            )
+        return forms.CharField(required=False, strip=True, **common)
+
+    # Grouping for templates --------------------------------------------------------------------
+    def sections(self) -> list[dict[str, Any]]:
+        """Fields grouped into ``[{key, title, groups: [{key, title, fields}], has_errors}]``."""
+        by_section: dict[str, dict[str, list[forms.BoundField]]] = {}
+        for spec in self.specs:
+            by_section.setdefault(spec.section, {}).setdefault(spec.subsection, []).append(self[spec.name])
+        if "reward_preset" in self.fields:
+            by_section.setdefault("reward", {}).setdefault("", []).insert(0, self["reward_preset"])
+        order = list(SECTION_TITLES) + [k for k in by_section if k not in SECTION_TITLES]
+        out = []
+        for key in order:
+            if key not in by_section:
+                continue
+            groups = []
+            for sub, bound in by_section[key].items():
+                title = sub.split(".")[-1].replace("_", " ").title() if sub else ""
+                groups.append({"key": sub, "title": title, "fields": bound})
+            has_errors = any(b.errors for g in groups for b in g["fields"])
+            out.append(
+                {
+                    "key": key,
+                    "title": SECTION_TITLES.get(key, key.title()),
+                    "groups": groups,
+                    "has_errors": has_errors,
+                }
+            )
+        return out
+
+    # Conversion and validation -------------------------------------------------------------------
+    def _field_value(self, spec: FieldSpec, value: Any) -> Any:
+        if spec.kind == "yaml":
+            parsed = load_yaml_text(value or "", what=spec.title)
+            if parsed is None:
+                return [] if spec.container == "list" else {}
+            if spec.container == "list" and not isinstance(parsed, list):
+                raise forms.ValidationError("expected a YAML list, e.g. '- id: bleu'")
+            if spec.container == "dict" and not isinstance(parsed, dict):
+                raise forms.ValidationError("expected a YAML mapping, e.g. 'key: value'")
+            registry = COMPONENT_LIST_FIELDS.get(spec.path)
+            if registry and isinstance(parsed, list):
+                known = registry_ids(registry)
+                for i, item in enumerate(parsed):
+                    cid = item.get("id") if isinstance(item, dict) else None
+                    if known and cid not in known:
+                        raise forms.ValidationError(
+                            f"item {i}: unknown id {cid!r}; registered ids: {', '.join(known)}"
+                        )
+            return parsed
+        if value in ("", None) and spec.kind in ("str", "enum", "int", "float"):
+            return None if spec.nullable else ("" if spec.kind == "str" else None)
+        return value
+
+    def _convert(self, spec: FieldSpec) -> Any:
+        """One widget's raw POST value → config value (raises ValidationError)."""
+        bound = self[spec.name]
+        raw = bound.field.widget.value_from_datadict(self.data, self.files, self.add_prefix(spec.name))
+        return self._field_value(spec, bound.field.clean(raw))
+
+    def config_dict(self) -> dict[str, Any]:
+        """The nested config the (validated) widgets describe."""
+        out: dict[str, Any] = {}
+        cleaned = getattr(self, "cleaned_data", {}) or {}
+        for spec in self.specs:
+            if spec.name in cleaned:
+                set_path(out, spec.path, cleaned[spec.name])
+        choice = cleaned.get("reward_preset")
+        if choice not in (None, ""):
+            out["reward"] = dict(self.learned_rewards[int(choice)]["reward"])
+        return out
+
+    def loose_config_dict(self) -> dict[str, Any]:
+        """The config as typed, for the YAML view of a half-edited form: a widget that does not
+        convert keeps its raw text, so the YAML view shows it and validation there names it."""
+        if not self.is_bound:
+            return self.initial_config
+        out: dict[str, Any] = {}
+        for spec in self.specs:
+            try:
+                value = self._convert(spec)
+            except forms.ValidationError:
+                value = self.data.get(self.add_prefix(spec.name))
+            set_path(out, spec.path, value)
+        choice = self.data.get(self.add_prefix("reward_preset"))
+        if choice not in (None, "") and str(choice).isdigit() and int(choice) < len(self.learned_rewards):
+            out["reward"] = dict(self.learned_rewards[int(choice)]["reward"])
+        return out
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        for spec in self.specs:
+            if spec.name in cleaned and spec.name not in self.errors:
+                try:
+                    cleaned[spec.name] = self._field_value(spec, cleaned[spec.name])
+                except forms.ValidationError as exc:
+                    self.add_error(spec.name, exc)
+        out_dir = cleaned.get(SEP.join(["train", "output_dir"]))
+        if out_dir and "train__output_dir" not in self.errors:
+            try:
+                cleaned["train__output_dir"] = str(path_inside_roots(out_dir))
+            except forms.ValidationError as exc:
+                self.add_error("train__output_dir", exc)
+        # The engine validates even when some widgets failed, so that every error shows at once;
+        # a widget that failed keeps its default here and its own error is not repeated.
+        try:
+            config = parse_config(_deep_merge(default_config(), self.config_dict()), source="launch form")
+        except ConfigError as exc:
+            self.add_config_errors(exc)
+            return cleaned
+        if not self.errors:
+            self.config = config
+        return cleaned
+
+    def add_config_errors(self, exc: ConfigError) -> None:
+        """Put each ``(dotted.path, message)`` of the engine on the widget of the longest matching path."""
+        names = {spec.path: spec.name for spec in self.specs}
+        for path, message in exc.errors or [("(root)", str(exc))]:
+            target = field_for_path(path, names, message)
+            if target:
+                if target not in self.errors:
+                    self.add_error(target, message)
+            else:
+                self.add_error(None, f"{path}: {message}")
+
+
+def field_for_path(path: str, names: dict[str, str], message: str = "") -> str | None:
+    """``eval.metrics[0].id`` → the widget of ``eval.metrics``. A model-level error (path
+    ``rollout``, e.g. "min_new_tokens must not exceed max_new_tokens") goes on the first leaf of that
+    model whose name the message mentions."""
+    clean = path.split("[", 1)[0]
+    if clean in names:
+        return names[clean]
+    mentioned = [
+        (message.find(leaf.rsplit(".", 1)[-1]), name)
+        for leaf, name in names.items()
+        if leaf.startswith(clean + ".")
+        and "." not in leaf[len(clean) + 1 :]
+        and leaf.rsplit(".", 1)[-1] in message
+    ]
+    if mentioned:
+        return min(mentioned)[1]  # the field the message names first
+    parts = clean.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in names:
+            return names[candidate]
+        parts.pop()
+    return None
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("args", "extra"):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def form_data_from_config(config: dict[str, Any]) -> dict[str, str]:
+    """POST-style data for a RunConfigForm describing ``config`` (YAML view → form round trip).
+    Keys the schema does not know are not representable as widgets and are returned by
+    ``unknown_keys``."""
+    data: dict[str, str] = {}
+    for spec in schema_fields():
+        value = get_path(config, spec.path, _MISSING)
+        if value is _MISSING:
+            value = get_path(default_config(), spec.path)
+        if spec.kind == "bool":
+            if value:
+                data[spec.name] = "on"
+        elif spec.kind == "yaml":
+            data[spec.name] = _yaml_text(value)
+        elif value is None:
+            data[spec.name] = ""
+        else:
+            data[spec.name] = str(value)
+    return data
+
+
+_MISSING = object()
+
+
+def unknown_keys(config: dict[str, Any]) -> list[str]:
+    known = {spec.path for spec in schema_fields()}
+    prefixes = {".".join(p.split(".")[:i]) for p in known for i in range(1, p.count(".") + 1)}
+    out = []
+    for path in flatten(config):
+        if path in known or any(path.startswith(k + ".") for k in known):
+            continue
+        if path in prefixes:
+            continue
+        out.append(path)
+    return out
+
+
+# ---------------------------------------------------------------- other forms
+
+
+class YamlConfigForm(forms.Form):
+    """The same config as one YAML document; engine errors are listed with their dotted paths."""
+
+    config_yaml = forms.CharField(
+        label="Config (YAML)",
+        widget=forms.Textarea(attrs={"rows": 30, "class": "yaml", "spellcheck": "false"}),
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.config: RunConfig | None = None
+        self.raw: dict[str, Any] | None = None
+        self.config_errors: list[tuple[str, str]] = []
+
+    def clean_config_yaml(self) -> str:
+        text = self.cleaned_data["config_yaml"]
+        data = load_yaml_text(text, what="YAML")
+        if not isinstance(data, dict):
+            raise forms.ValidationError(
+                "the config must be a YAML mapping (sections like 'model:', 'train:')"
+            )
+        self.raw = data
+        try:
+            self.config = parse_config(data, source="YAML")
+        except ConfigError as exc:
+            self.config_errors = list(exc.errors)
+            raise forms.ValidationError(
+                [f"{path}: {msg}" for path, msg in exc.errors] or [str(exc)]
+            ) from None
+        return text
+
+
+class RunMetaForm(forms.Form):
+    """What a run has beyond its config: tags and notes."""
+
+    tags = forms.CharField(required=False, help_text="Comma-separated, e.g. 'imdb, baseline'.")
+    notes = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+
+    def clean_tags(self) -> list[str]:
+        raw = self.cleaned_data.get("tags") or ""
+        tags = [t.strip() for t in raw.split(",") if t.strip()]
+        for t in tags:
+            if len(t) > 64:
+                raise forms.ValidationError(f"tag {t[:20]!r}... is longer than 64 characters")
+        return list(dict.fromkeys(tags))
+
+
+def allowed_roots() -> list[Path]:
+    return [Path(p).resolve() for p in getattr(settings, "ALLOWED_ROOTS", [])]
+
+
+def path_inside_roots(raw: str) -> Path:
+    """Resolve a typed path (symlinks and '..' included) and require it inside an allowed root."""
+    p = Path(raw).expanduser()
+    if not p.is_absolute():
+        raise forms.ValidationError("give an absolute path")
+    resolved = p.resolve()
+    roots = allowed_roots()
+    if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
+        listing = ", ".join(str(r) for r in roots) or "(none configured)"
+        raise forms.ValidationError(
+            f"{resolved} is outside the allowed directories ({listing}); set GRUE_ALLOWED_ROOTS to allow more"
+        )
+    return resolved
+
+
+class ImportRunForm(forms.Form):
+    """Import a run directory written by the engine's CLI (config.json + metrics.jsonl ...)."""
+
+    path = forms.CharField(label="Run directory", max_length=1000)
+    tags = forms.CharField(required=False)
+
+    def clean_path(self) -> Path:
+        resolved = path_inside_roots(self.cleaned_data["path"].strip())
+        if not resolved.is_dir():
+            raise forms.ValidationError(f"{resolved} is not a directory")
+        if not (resolved / "config.json").exists() and not (resolved / "metrics.jsonl").exists():
+            raise forms.ValidationError(
+                f"{resolved} has no config.json or metrics.jsonl: not a run directory"
+            )
+        return resolved
+
+    def clean_tags(self) -> list[str]:
+        raw = self.cleaned_data.get("tags") or ""
+        return [t.strip() for t in raw.split(",") if t.strip()]
+
+
+def config_json(config: dict[str, Any]) -> str:
+    return json.dumps(config, indent=2, sort_keys=False)

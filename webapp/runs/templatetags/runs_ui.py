@@ -1,0 +1,86 @@
+"""Template helpers of the run pages: number formatting and URL query state (the run table keeps
+its filters, sort and page in the query string so that a URL reproduces the view)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django import template
+from django.http import QueryDict
+
+register = template.Library()
+
+
+@register.filter
+def metric(value: Any) -> str:
+    """Compact number for tables: 4 significant digits, '—' for missing/NaN."""
+    if value is None or value == "":
+        return "—"
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if not math.isfinite(f):
+        return "—"
+    if f != 0 and (abs(f) >= 1e5 or abs(f) < 1e-3):
+        return f"{f:.3e}"
+    return f"{f:.4g}"
+
+
+@register.filter
+def percent(value: Any) -> str:
+    try:
+        return f"{100 * float(value):.0f}%"
+    except (TypeError, ValueError):
+        return "0%"
+
+
+@register.simple_tag(takes_context=True)
+def query_with(context: dict[str, Any], **changes: Any) -> str:
+    """The current query string with some parameters replaced (None/'' removes them)."""
+    request = context.get("request")
+    params: QueryDict = request.GET.copy() if request is not None else QueryDict(mutable=True)
+    for key, value in changes.items():
+        if value is None or value == "":
+            params.pop(key, None)
+        else:
+            params[key] = str(value)
+    encoded = params.urlencode()
+    return f"?{encoded}" if encoded else "?"
+
+
+@register.simple_tag(takes_context=True)
+def sort_query(context: dict[str, Any], column: str) -> str:
+    """Link target that sorts by ``column``, toggling the direction when it is already the sort key
+    (new sorts start descending for metrics and dates, ascending for names)."""
+    request = context.get("request")
+    current = request.GET.get("sort", "-created") if request is not None else "-created"
+    if current.lstrip("-") == column:
+        new = column if current.startswith("-") else f"-{column}"
+    else:
+        new = column if column in ("name", "status", "task", "algorithm", "model") else f"-{column}"
+    return query_with(context, sort=new, page=None)
+
+
+@register.simple_tag(takes_context=True)
+def sort_mark(context: dict[str, Any], column: str) -> str:
+    request = context.get("request")
+    current = request.GET.get("sort", "-created") if request is not None else "-created"
+    if current.lstrip("-") != column:
+        return ""
+    return "▼" if current.startswith("-") else "▲"
+
+
+@register.filter
+def get_item(mapping: Any, key: Any) -> Any:
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None
+
+
+@register.filter
+def dotted(name: str) -> str:
+    """Form field name → config path (``algorithm__nlpo__top_mask`` → ``algorithm.nlpo.top_mask``)."""
+    return str(name).replace("__", ".")

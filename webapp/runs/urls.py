@@ -1,0 +1,24 @@
+"""URLs of the experiment manager (mounted at the site root)."""
+
+from django.urls import path
+
+from webapp.runs import views
+
+app_name = "runs"
+
+urlpatterns = [
+    path("", views.run_list, name="list"),
+    path("launch/", views.launch, name="launch"),
+    path("import/", views.import_run, name="import"),
+    path("compare/", views.compare, name="compare"),
+    path("compare/metrics.<str:fmt>", views.compare_export, name="compare_export"),
+    path("runs/<int:pk>/", views.run_detail, name="detail"),
+    path("runs/<int:pk>/series.json", views.run_series, name="series"),
+    path("runs/<int:pk>/metrics.<str:fmt>", views.run_metrics_export, name="export"),
+    path("runs/<int:pk>/cancel/", views.run_cancel, name="cancel"),
+    path("runs/<int:pk>/retry/", views.run_retry, name="retry"),
+    path("runs/<int:pk>/resume/", views.run_resume, name="resume"),
+    path("runs/<int:pk>/clone/", views.run_clone, name="clone"),
+    path("runs/<int:pk>/delete/", views.run_delete, name="delete"),
+    path("runs/<int:pk>/meta/", views.run_update_meta, name="meta"),
+]

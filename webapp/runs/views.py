@@ -1,0 +1,520 @@
+"""Pages and JSON endpoints of the experiment manager.
+
+Views stay thin: they parse input with the forms in ``forms.py``, change state through
+``services`` and read through ``queries``. Every view requires a researcher (annotators are sent to
+the annotation app by ``researcher_required``); every state change is a POST with CSRF.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import messages
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from engine.config import ConfigError
+from webapp.access import researcher_required
+from webapp.runs import queries, services
+from webapp.runs.forms import (
+    ImportRunForm,
+    RunConfigForm,
+    RunMetaForm,
+    YamlConfigForm,
+    dump_yaml,
+    form_data_from_config,
+    list_presets,
+    load_preset,
+    unknown_keys,
+)
+from webapp.runs.models import Checkpoint, Run, RunLog, RunStatus
+
+MAX_COMPARE = 12
+LOG_TAIL = 200
+NEWEST_SAMPLES = 20
+
+# Charts of the run page: (group id, title, predicate over metric keys). The first match wins.
+METRIC_GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("reward", "Reward", ("train/reward",)),
+    ("kl", "KL & β", ("train/kl", "policy/approx_kl", "kl/")),
+    ("loss", "Losses", ("loss/",)),
+    ("entropy", "Entropy", ("policy/entropy",)),
+    ("value", "Value", ("value/",)),
+    ("eval", "Eval metrics", ("eval/",)),
+    ("time", "Time", ("time/",)),
+]
+
+
+def metric_group(key: str) -> str:
+    for gid, _title, prefixes in METRIC_GROUPS:
+        if any(key.startswith(p) for p in prefixes):
+            return gid
+    return "other"
+
+
+def _chart_groups() -> list[dict[str, Any]]:
+    groups = [{"id": g, "title": t, "prefixes": list(p)} for g, t, p in METRIC_GROUPS]
+    return groups + [{"id": "other", "title": "Other", "prefixes": []}]
+
+
+# --------------------------------------------------------------------------- run table
+
+
+@researcher_required
+@require_GET
+def run_list(request: HttpRequest) -> HttpResponse:
+    table = queries.run_table(request.GET)
+    params = request.GET.copy()
+    params.pop("page", None)
+    base_query = params.urlencode()
+    sort_params = request.GET.copy()
+    sort_params.pop("sort", None)
+    sort_params.pop("page", None)
+    return render(
+        request,
+        "runs/run_list.html",
+        {
+            "table": table,
+            "rows": [
+                {"run": r, "metrics": [table.metric_value(r, k) for k in table.metric_columns]}
+                for r in table.rows
+            ],
+            "base_query": base_query,
+            "sort_query": sort_params.urlencode(),
+            "metrics_param": ",".join(table.metric_columns),
+            "status_choices": [s.value for s in RunStatus],
+        },
+    )
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def _launch_context(
+    request: HttpRequest,
+    form: RunConfigForm,
+    meta: RunMetaForm,
+    yaml_form: YamlConfigForm,
+    mode: str,
+    cloned_from: Run | None,
+    preset: str = "",
+    extra_errors: list[str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "form": form,
+        "sections": form.sections(),
+        "meta": meta,
+        "yaml_form": yaml_form,
+        "mode": mode,
+        "presets": list_presets(),
+        "preset": preset,
+        "cloned_from": cloned_from,
+        "extra_errors": extra_errors or [],
+    }
+
+
+def _cloned_from(request: HttpRequest) -> Run | None:
+    raw = request.POST.get("cloned_from") or request.GET.get("clone") or ""
+    if raw.isdigit():
+        return Run.objects.filter(pk=int(raw)).first()
+    return None
+
+
+@researcher_required
+@require_http_methods(["GET", "POST"])
+def launch(request: HttpRequest) -> HttpResponse:
+    """Config form generated from the engine's schema, a YAML view of the same config, presets.
+
+    POST ``action``: ``launch`` (form → validate → launch service → run page), ``launch_yaml`` (the
+    same from the YAML view), ``to_yaml`` (show the form's config as YAML), ``to_form`` (load YAML
+    into the form, errors on the fields)."""
+    cloned_from = _cloned_from(request)
+    if request.method == "GET":
+        initial: dict[str, Any] | None = None
+        preset = request.GET.get("preset", "")
+        errors: list[str] = []
+        meta_initial: dict[str, Any] = {}
+        if preset:
+            try:
+                initial = load_preset(preset)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        elif cloned_from is not None:
+            initial = dict(cloned_from.config)
+            initial["name"] = f"{cloned_from.name} (clone)"
+            meta_initial = {"tags": ", ".join(cloned_from.tags), "notes": cloned_from.notes}
+        form = RunConfigForm(initial_config=initial)
+        yaml_form = YamlConfigForm(initial={"config_yaml": dump_yaml(form.initial_config)})
+        ctx = _launch_context(
+            request, form, RunMetaForm(initial=meta_initial), yaml_form, "form", cloned_from, preset, errors
+        )
+        return render(request, "runs/launch.html", ctx)
+
+    action = request.POST.get("action", "launch")
+    meta = RunMetaForm(request.POST)
+
+    if action == "to_yaml":
+        form = RunConfigForm(request.POST)
+        yaml_form = YamlConfigForm(initial={"config_yaml": dump_yaml(form.loose_config_dict())})
+        ctx = _launch_context(request, form, meta, yaml_form, "yaml", cloned_from)
+        return render(request, "runs/launch.html", ctx)
+
+    if action in ("to_form", "launch_yaml"):
+        yaml_form = YamlConfigForm(request.POST)
+        yaml_ok = yaml_form.is_valid()
+        if action == "launch_yaml" and yaml_ok and meta.is_valid():
+            return _do_launch(request, yaml_form.config.to_dict(), meta, cloned_from) or render(
+                request,
+                "runs/launch.html",
+                _launch_context(request, RunConfigForm(), meta, yaml_form, "yaml", cloned_from),
+            )
+        if yaml_form.raw is None:  # YAML syntax error: stay on the YAML view
+            form = RunConfigForm()
+            return render(
+                request,
+                "runs/launch.html",
+                _launch_context(request, form, meta, yaml_form, "yaml", cloned_from),
+            )
+        form = RunConfigForm(form_data_from_config(yaml_form.raw))
+        form.is_valid()
+        extra = [f"{k}: unknown key (not in the schema)" for k in unknown_keys(yaml_form.raw)]
+        return render(
+            request,
+            "runs/launch.html",
+            _launch_context(
+                request,
+                form,
+                meta,
+                yaml_form,
+                "yaml" if action == "launch_yaml" else "form",
+                cloned_from,
+                extra_errors=extra,
+            ),
+        )
+
+    form = RunConfigForm(request.POST)
+    form_ok = form.is_valid()
+    meta_ok = meta.is_valid()
+    yaml_form = YamlConfigForm(initial={"config_yaml": dump_yaml(form.loose_config_dict())})
+    if form_ok and meta_ok and form.config is not None:
+        response = _do_launch(request, form.config.to_dict(), meta, cloned_from, form=form)
+        if response is not None:
+            return response
+    return render(
+        request, "runs/launch.html", _launch_context(request, form, meta, yaml_form, "form", cloned_from)
+    )
+
+
+def _do_launch(
+    request: HttpRequest,
+    config: dict[str, Any],
+    meta: RunMetaForm,
+    cloned_from: Run | None,
+    form: RunConfigForm | None = None,
+) -> HttpResponse | None:
+    """Call the launch service; None when the config was refused (errors are on ``form``/messages)."""
+    try:
+        run = services.launch_run(
+            config,
+            user=request.user,
+            tags=meta.cleaned_data.get("tags") or [],
+            notes=meta.cleaned_data.get("notes") or "",
+            cloned_from=cloned_from,
+        )
+    except services.ConfigInvalid as exc:
+        if form is not None:
+            form.add_config_errors(ConfigError(str(exc), exc.errors))
+        else:
+            messages.error(request, str(exc))
+        return None
+    except services.BrokerUnavailable as exc:
+        messages.error(request, str(exc))
+        return redirect("runs:detail", pk=exc.run.pk)
+    messages.success(request, f"Run #{run.pk} queued.")
+    return redirect("runs:detail", pk=run.pk)
+
+
+# --------------------------------------------------------------------------- run page
+
+
+@researcher_required
+@require_GET
+def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(Run.objects.select_related("created_by", "project", "cloned_from"), pk=pk)
+    samples = queries.latest_samples(run.pk, limit=NEWEST_SAMPLES)
+    logs = list(RunLog.objects.filter(run_id=run.pk).order_by("-id")[:LOG_TAIL])[::-1]
+    checkpoints = list(Checkpoint.objects.filter(run_id=run.pk).order_by("step"))
+    live = {
+        "run_id": run.pk,
+        "ws_path": f"/ws/runs/{run.pk}/",
+        "series_url": reverse("runs:series", args=[run.pk]),
+        "sample_cursor": max((s["id"] for s in samples), default=0),
+        "log_cursor": logs[-1].id if logs else 0,
+        "groups": _chart_groups(),
+        "status": run.status,
+    }
+    return render(
+        request,
+        "runs/run_detail.html",
+        {
+            "run": run,
+            "samples": samples,
+            "logs": logs,
+            "checkpoints": checkpoints,
+            "config_yaml": dump_yaml(run.config or {}),
+            "live": live,
+            "can_cancel": run.status in (RunStatus.DRAFT, RunStatus.QUEUED, RunStatus.RUNNING),
+            "can_retry": run.status
+            in (RunStatus.DRAFT, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST, RunStatus.SUCCEEDED),
+            "can_resume": run.status in (RunStatus.FAILED, RunStatus.LOST, RunStatus.CANCELLED)
+            and bool(checkpoints),
+            "can_delete": run.status not in (RunStatus.QUEUED, RunStatus.RUNNING),
+        },
+    )
+
+
+def _float_param(request: HttpRequest, name: str) -> float | None:
+    raw = request.GET.get(name, "")
+    if raw == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number") from None
+
+
+@researcher_required
+@require_GET
+def run_series(request: HttpRequest, pk: int) -> HttpResponse:
+    """Chart data. The cursor is read BEFORE the series so that the websocket catch-up from it can
+    only repeat points (the browser dedupes by key and step), never miss one."""
+    run = get_object_or_404(Run, pk=pk)
+    try:
+        x0 = _float_param(request, "x0")
+        x1 = _float_param(request, "x1")
+        max_points = int(request.GET.get("max_points") or 2000)
+    except ValueError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    keys_raw = request.GET.get("keys", "")
+    keys = [k for k in keys_raw.split(",") if k] if keys_raw else None
+    cursor = queries.metric_cursor(run.pk)
+    series = queries.metric_series_many(run.pk, keys, max_points=max_points, x0=x0, x1=x1)
+    groups = {k: metric_group(k) for k in series}
+    return JsonResponse(
+        {
+            "run": {"id": run.pk, "name": run.name},
+            "cursor": cursor,
+            "series": series,
+            "groups": groups,
+            "status": queries.run_status_message(run.pk),
+        }
+    )
+
+
+@researcher_required
+@require_GET
+def run_metrics_export(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
+    run = get_object_or_404(Run, pk=pk)
+    return _export([run.pk], fmt, f"run-{run.pk}-metrics")
+
+
+def _export(ids: list[int], fmt: str, stem: str) -> HttpResponse:
+    if fmt == "csv":
+        resp = StreamingHttpResponse(queries.metrics_csv(ids), content_type="text/csv")
+    elif fmt == "json":
+        resp = HttpResponse(queries.metrics_json_text(ids), content_type="application/json")
+    else:
+        raise Http404("format must be csv or json")
+    resp["Content-Disposition"] = f'attachment; filename="{stem}.{fmt}"'
+    return resp
+
+
+# --------------------------------------------------------------------------- actions (POST + CSRF)
+
+
+def _service_call(request: HttpRequest, fn: Any, *args: Any, ok: str, **kwargs: Any) -> Any:
+    try:
+        result = fn(*args, **kwargs)
+    except services.BrokerUnavailable as exc:
+        messages.error(request, str(exc))
+        return exc.run
+    except services.ServiceError as exc:
+        messages.error(request, str(exc))
+        return None
+    messages.success(request, ok)
+    return result
+
+
+@researcher_required
+@require_POST
+def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=pk)
+    _service_call(request, services.cancel_run, run, ok=f"Cancel requested for run #{run.pk}.")
+    return redirect("runs:detail", pk=run.pk)
+
+
+@researcher_required
+@require_POST
+def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=pk)
+    new = _service_call(request, services.retry_run, run, user=request.user, ok="Run queued again.")
+    return redirect("runs:detail", pk=(new or run).pk)
+
+
+@researcher_required
+@require_POST
+def run_resume(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=pk)
+    _service_call(request, services.resume_run, run, ok="Run resumes from its last checkpoint.")
+    return redirect("runs:detail", pk=run.pk)
+
+
+@researcher_required
+@require_GET
+def run_clone(request: HttpRequest, pk: int) -> HttpResponse:
+    """Clone-and-edit: the launch form prefilled with this run's config (nothing is saved yet)."""
+    run = get_object_or_404(Run, pk=pk)
+    return redirect(f"{reverse('runs:launch')}?clone={run.pk}")
+
+
+@researcher_required
+@require_http_methods(["GET", "POST"])
+def run_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=pk)
+    if request.method == "GET":
+        return render(
+            request,
+            "runs/run_confirm_delete.html",
+            {"run": run, "n_points": run.metric_points.count(), "n_samples": run.samples.count()},
+        )
+    delete_files = request.POST.get("delete_files") == "on"
+    try:
+        services.delete_run(run, delete_files=delete_files)
+    except services.ServiceError as exc:
+        messages.error(request, str(exc))
+        return redirect("runs:detail", pk=run.pk)
+    messages.success(request, f"Run #{pk} deleted.")
+    return redirect("runs:list")
+
+
+@researcher_required
+@require_POST
+def run_update_meta(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=pk)
+    meta = RunMetaForm(request.POST)
+    if meta.is_valid():
+        services.update_run_meta(run, tags=meta.cleaned_data["tags"], notes=meta.cleaned_data["notes"])
+        messages.success(request, "Saved.")
+    else:
+        messages.error(request, "; ".join(f"{k}: {', '.join(v)}" for k, v in meta.errors.items()))
+    return redirect("runs:detail", pk=run.pk)
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def _ids_param(request: HttpRequest) -> list[int]:
+    raw: list[str] = []
+    for value in request.GET.getlist("ids"):
+        raw.extend(value.split(","))
+    ids: list[int] = []
+    for r in raw:
+        r = r.strip().lstrip("#")
+        if r.isdigit() and int(r) not in ids:
+            ids.append(int(r))
+    return ids
+
+
+@researcher_required
+@require_GET
+def compare(request: HttpRequest) -> HttpResponse:
+    ids = _ids_param(request)
+    if len(ids) > MAX_COMPARE:
+        return HttpResponseBadRequest(f"compare at most {MAX_COMPARE} runs at once")
+    by_id = {r.pk: r for r in Run.objects.filter(pk__in=ids)}
+    runs = [by_id[i] for i in ids if i in by_id]
+    if len(runs) < 2:
+        messages.error(request, "Select at least two runs to compare.")
+        return redirect("runs:list")
+    diff = queries.config_diff(runs)
+    finals = queries.final_metrics(runs)
+    side = queries.samples_side_by_side(runs)
+    side_rows = [
+        {"prompt": s["prompt"], "references": s["references"], "cells": [s["by_run"].get(r.pk) for r in runs]}
+        for s in side
+    ]
+    diff_rows = [{"key": d["key"], "values": [_show(v) for v in d["values"]]} for d in diff]
+    final_rows = [
+        {"run": row["run"], "values": [row["values"].get(k) for k in finals["keys"]]}
+        for row in finals["rows"]
+    ]
+    live = {
+        "runs": [
+            {"id": r.pk, "name": r.name, "series_url": reverse("runs:series", args=[r.pk])} for r in runs
+        ],
+        "groups": _chart_groups(),
+    }
+    return render(
+        request,
+        "runs/compare.html",
+        {
+            "runs": runs,
+            "diff_rows": diff_rows,
+            "final_keys": finals["keys"],
+            "final_rows": final_rows,
+            "side_rows": side_rows,
+            "live": live,
+            "ids_param": ",".join(str(r.pk) for r in runs),
+        },
+    )
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+@researcher_required
+@require_GET
+def compare_export(request: HttpRequest, fmt: str) -> HttpResponse:
+    ids = _ids_param(request)[:MAX_COMPARE]
+    return _export(ids, fmt, "runs-" + "-".join(map(str, ids)) + "-metrics")
+
+
+# --------------------------------------------------------------------------- import
+
+
+@researcher_required
+@require_http_methods(["GET", "POST"])
+def import_run(request: HttpRequest) -> HttpResponse:
+    form = ImportRunForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            run = services.import_run_dir(
+                form.cleaned_data["path"], user=request.user, tags=form.cleaned_data["tags"]
+            )
+        except services.ConfigInvalid as exc:
+            form.add_error("path", f"{exc}")
+        except services.ServiceError as exc:  # PathNotAllowed included
+            form.add_error("path", str(exc))
+        except (OSError, ValueError) as exc:
+            form.add_error("path", f"could not read the run directory: {exc}")
+        else:
+            messages.success(request, f"Imported run #{run.pk}.")
+            return redirect("runs:detail", pk=run.pk)
+    from webapp.runs.forms import allowed_roots
+
+    return render(request, "runs/import.html", {"form": form, "roots": allowed_roots()})

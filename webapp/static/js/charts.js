@@ -1,0 +1,157 @@
+// Shared chart helpers of the run and compare pages (Plotly is served locally, no CDN).
+// A ChartGroup draws several series in one Plotly chart; each series keeps its points in a Map
+// keyed by step, so a point delivered twice (page load + websocket catch-up) is stored once.
+// Smoothing is an EMA drawn over the raw curve, which stays visible but faint.
+(function (global) {
+  "use strict";
+
+  const PALETTE = ["#2f6fed", "#d64545", "#1f9d55", "#c77c02", "#8e44ad", "#16a2b8", "#e67e22",
+    "#34495e", "#e84393", "#6c5ce7", "#00b894", "#b33939"];
+
+  function ema(ys, alpha) {
+    // Debiased exponential moving average (as TensorBoard): nulls stay gaps and do not reset it.
+    const out = new Array(ys.length);
+    let acc = 0, weight = 0;
+    for (let i = 0; i < ys.length; i++) {
+      const y = ys[i];
+      if (y === null || y === undefined || !isFinite(y)) { out[i] = null; continue; }
+      acc = alpha * acc + (1 - alpha) * y;
+      weight = alpha * weight + (1 - alpha);
+      out[i] = acc / weight;
+    }
+    return out;
+  }
+
+  function sortedXY(map) {
+    const xs = Array.from(map.keys()).sort((a, b) => a - b);
+    return { x: xs, y: xs.map((k) => map.get(k)) };
+  }
+
+  class ChartGroup {
+    constructor(el, opts) {
+      this.el = el;
+      this.title = (opts && opts.title) || "";
+      this.onZoom = (opts && opts.onZoom) || null;
+      this.series = new Map(); // name -> {points: Map(step -> y), zoom: Map|null, color}
+      this.alpha = (opts && opts.alpha) || 0;
+      this.zoomRange = null;
+      this.pending = false;
+      this.plotted = false;
+      this.ignoreRelayout = false;
+    }
+    _get(name) {
+      let s = this.series.get(name);
+      if (!s) {
+        s = { points: new Map(), zoom: null, color: PALETTE[this.series.size % PALETTE.length] };
+        this.series.set(name, s);
+      }
+      return s;
+    }
+    setSeries(name, xs, ys) {
+      const s = this._get(name);
+      for (let i = 0; i < xs.length; i++) s.points.set(xs[i], ys[i]);
+      this.schedule();
+    }
+    setZoomSeries(name, xs, ys) {
+      const s = this._get(name);
+      s.zoom = new Map();
+      for (let i = 0; i < xs.length; i++) s.zoom.set(xs[i], ys[i]);
+    }
+    addPoint(name, step, value) {
+      const s = this._get(name);
+      s.points.set(step, value);
+      if (s.zoom && this.zoomRange && step >= this.zoomRange[0] && step <= this.zoomRange[1]) s.zoom.set(step, value);
+      this.schedule();
+    }
+    pointCount() {
+      let n = 0;
+      this.series.forEach((s) => { n += s.points.size; });
+      return n;
+    }
+    setAlpha(alpha) { this.alpha = alpha; this.schedule(); }
+    schedule() {
+      if (this.pending) return;
+      this.pending = true;
+      const run = () => { this.pending = false; this.render(); };
+      if (global.requestAnimationFrame && !document.hidden) global.requestAnimationFrame(run);
+      else setTimeout(run, 50);
+    }
+    traces() {
+      const out = [];
+      const smooth = this.alpha > 0;
+      this.series.forEach((s, name) => {
+        const src = this.zoomRange && s.zoom ? s.zoom : s.points;
+        const { x, y } = sortedXY(src);
+        out.push({ x: x, y: y, name: name, type: "scattergl", mode: x.length < 40 ? "lines+markers" : "lines",
+          line: { color: s.color, width: smooth ? 1 : 1.6 }, marker: { size: 4 },
+          opacity: smooth ? 0.25 : 1, showlegend: !smooth, legendgroup: name,
+          hovertemplate: name + "<br>step %{x}<br>%{y:.4g}<extra></extra>" });
+        if (smooth) {
+          out.push({ x: x, y: ema(y, this.alpha), name: name, type: "scattergl", mode: "lines",
+            line: { color: s.color, width: 2 }, legendgroup: name,
+            hovertemplate: name + " (EMA)<br>step %{x}<br>%{y:.4g}<extra></extra>" });
+        }
+      });
+      return out;
+    }
+    render() {
+      if (!global.Plotly) return;
+      const layout = {
+        margin: { l: 50, r: 10, t: 10, b: 35 }, hovermode: "x unified",
+        legend: { orientation: "h", y: -0.2, font: { size: 11 } },
+        xaxis: { title: { text: "step", font: { size: 11 } } }, yaxis: { automargin: true },
+        uirevision: "keep", // keep the user's zoom across live updates
+      };
+      this.ignoreRelayout = true;
+      const p = global.Plotly.react(this.el, this.traces(), layout, { displaylogo: false, responsive: true });
+      const done = () => { this.ignoreRelayout = false; };
+      if (p && p.then) p.then(done, done); else done();
+      this.el.dataset.points = String(this.pointCount());
+      if (!this.plotted) {
+        this.plotted = true;
+        this.el.on("plotly_relayout", (ev) => this._relayout(ev));
+      }
+    }
+    _relayout(ev) {
+      if (!ev || !this.onZoom) return;
+      if (ev["xaxis.autorange"] || ev.autosize) {
+        if (this.zoomRange) {
+          this.zoomRange = null;
+          this.series.forEach((s) => { s.zoom = null; });
+          this.schedule();
+        }
+        return;
+      }
+      const x0 = ev["xaxis.range[0]"] !== undefined ? ev["xaxis.range[0]"] : (ev["xaxis.range"] || [])[0];
+      const x1 = ev["xaxis.range[1]"] !== undefined ? ev["xaxis.range[1]"] : (ev["xaxis.range"] || [])[1];
+      if (x0 === undefined || x1 === undefined) return;
+      this.zoomRange = [Math.floor(x0), Math.ceil(x1)];
+      this.onZoom(this, this.zoomRange[0], this.zoomRange[1]);
+    }
+  }
+
+  function groupOf(key, groups) {
+    for (const g of groups) {
+      if ((g.prefixes || []).some((p) => key.startsWith(p))) return g.id;
+    }
+    return "other";
+  }
+
+  function formatDuration(sec) {
+    if (sec === null || sec === undefined || !isFinite(sec)) return "";
+    sec = Math.max(0, Math.round(sec));
+    const h = Math.floor(sec / 3600), m = Math.floor((sec % 3600) / 60), s = sec % 60;
+    if (h) return h + "h " + m + "m";
+    if (m) return m + "m " + s + "s";
+    return s + "s";
+  }
+
+  function fmt(v) {
+    if (v === null || v === undefined || v === "" || !isFinite(v)) return "—";
+    const a = Math.abs(v);
+    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return Number(v).toExponential(3);
+    return String(Number(Number(v).toPrecision(4)));
+  }
+
+  global.GrueCharts = { ChartGroup: ChartGroup, ema: ema, groupOf: groupOf, formatDuration: formatDuration, fmt: fmt };
+})(window);

@@ -1,0 +1,231 @@
+// Live run page: charts from the downsampled series endpoint, then a websocket that sends its
+// cursors on every (re)connect so that the server replays exactly what this page has not seen.
+// Model and user text is only ever inserted with textContent (never innerHTML).
+(function () {
+  "use strict";
+  const cfgEl = document.getElementById("run-live-config");
+  if (!cfgEl) return;
+  const cfg = JSON.parse(cfgEl.textContent);
+  const GC = window.GrueCharts;
+  const FINISHED = ["succeeded", "failed", "cancelled", "lost"];
+  const MAX_SAMPLES = 50, MAX_LOG = 500;
+
+  const state = {
+    metricCursor: 0,
+    sampleCursor: cfg.sample_cursor || 0,
+    logCursor: cfg.log_cursor || 0,
+    seenPoints: new Set(),
+    charts: new Map(), // group id -> ChartGroup
+    keyGroup: new Map(),
+    status: cfg.status,
+    ws: null,
+    attempts: 0,
+    connected: false,
+    messages: 0,
+  };
+  const slider = document.getElementById("smoothing");
+  const sliderValue = document.getElementById("smoothing-value");
+  let alpha = slider ? parseFloat(slider.value) : 0;
+
+  function chartFor(key) {
+    let gid = state.keyGroup.get(key);
+    if (!gid) { gid = GC.groupOf(key, cfg.groups); state.keyGroup.set(key, gid); }
+    let chart = state.charts.get(gid);
+    if (!chart) {
+      const none = document.getElementById("no-metrics");
+      if (none) none.remove();
+      const meta = cfg.groups.find((g) => g.id === gid) || { title: gid };
+      const card = document.createElement("div");
+      card.className = "card chart-card";
+      const h = document.createElement("h3");
+      h.textContent = meta.title;
+      const el = document.createElement("div");
+      el.className = "chart";
+      el.dataset.group = gid;
+      el.id = "chart-" + gid;
+      card.appendChild(h);
+      card.appendChild(el);
+      // Keep charts in the configured group order.
+      const container = document.getElementById("charts");
+      const order = cfg.groups.map((g) => g.id);
+      const before = Array.from(container.children).find((c) => {
+        const other = c.querySelector(".chart");
+        return other && order.indexOf(other.dataset.group) > order.indexOf(gid);
+      });
+      container.insertBefore(card, before || null);
+      chart = new GC.ChartGroup(el, { title: meta.title, alpha: alpha, onZoom: zoom });
+      chart.keys = new Set();
+      state.charts.set(gid, chart);
+    }
+    chart.keys.add(key);
+    return chart;
+  }
+
+  function zoom(chart, x0, x1) {
+    // Full resolution for the visible range (the overview may be downsampled).
+    const keys = Array.from(chart.keys).join(",");
+    const url = cfg.series_url + "?keys=" + encodeURIComponent(keys) + "&x0=" + x0 + "&x1=" + x1 + "&max_points=5000";
+    fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then((r) => r.json())
+      .then((data) => {
+        if (!chart.zoomRange || chart.zoomRange[0] !== x0 || chart.zoomRange[1] !== x1) return;
+        Object.values(data.series).forEach((s) => chart.setZoomSeries(s.key, s.x, s.y));
+        chart.schedule();
+      })
+      .catch(() => {});
+  }
+
+  function applyPoints(points) {
+    points.forEach((p) => {
+      if (state.seenPoints.has(p.id)) return;
+      state.seenPoints.add(p.id);
+      if (p.id > state.metricCursor) state.metricCursor = p.id;
+      chartFor(p.key).addPoint(p.key, p.step, p.value);
+    });
+  }
+
+  function setStatus(msg) {
+    const badge = document.getElementById("status-badge");
+    if (msg.status) {
+      state.status = msg.status;
+      badge.textContent = msg.status + (msg.cancel_requested && msg.status === "running" ? " (cancelling…)" : "");
+      badge.className = "badge status-" + msg.status;
+      badge.dataset.status = msg.status;
+    }
+    const progress = typeof msg.progress === "number" ? msg.progress : null;
+    if (progress !== null) {
+      document.getElementById("progress-bar").style.width = Math.round(progress * 100) + "%";
+      let text = Math.round(progress * 100) + "%";
+      if (msg.current_iter !== null && msg.current_iter !== undefined && msg.total_iters) {
+        text += " · iteration " + msg.current_iter + " / " + msg.total_iters;
+      }
+      document.getElementById("progress-text").textContent = text;
+    }
+    if (msg.phase !== undefined) document.getElementById("phase-text").textContent = msg.phase || "";
+    const eta = document.getElementById("eta-text");
+    eta.textContent = msg.status === "running" && msg.eta_seconds ? "ETA " + GC.formatDuration(msg.eta_seconds) : "";
+    if (msg.error) {
+      document.getElementById("error-box").hidden = false;
+      document.getElementById("error-text").textContent = msg.error;
+    }
+    if (FINISHED.indexOf(msg.status) >= 0) {
+      const cancel = document.getElementById("cancel-form");
+      if (cancel) cancel.remove();
+    }
+  }
+
+  function addSamples(rows) {
+    const body = document.getElementById("samples-body");
+    rows.forEach((r) => {
+      if (r.id <= state.sampleCursor && body.querySelector('tr[data-sample-id="' + r.id + '"]')) return;
+      if (r.id > state.sampleCursor) state.sampleCursor = r.id;
+      const tr = document.createElement("tr");
+      tr.dataset.sampleId = r.id;
+      [[String(r.step), "num"], [r.split || "", ""], [r.prompt || "", "prompt"],
+        [r.generation || "", "generation"], [GC.fmt(r.reward), "num"]].forEach(([text, cls]) => {
+        const td = document.createElement("td");
+        if (cls) td.className = cls;
+        td.textContent = text; // model text: never innerHTML
+        tr.appendChild(td);
+      });
+      body.insertBefore(tr, body.firstChild);
+    });
+    while (body.children.length > MAX_SAMPLES) body.removeChild(body.lastChild);
+  }
+
+  function addLogs(lines) {
+    const box = document.getElementById("log-tail");
+    const atBottom = box.scrollTop + box.clientHeight >= box.scrollHeight - 5;
+    lines.forEach((l) => {
+      if (l.id <= state.logCursor) return;
+      state.logCursor = l.id;
+      const div = document.createElement("div");
+      div.className = "line";
+      div.dataset.logId = l.id;
+      div.textContent = l.line;
+      box.appendChild(div);
+    });
+    while (box.children.length > MAX_LOG) box.removeChild(box.firstChild);
+    if (atBottom) box.scrollTop = box.scrollHeight;
+  }
+
+  function addCheckpoint(msg) {
+    const ul = document.getElementById("checkpoints");
+    const none = document.getElementById("no-checkpoints");
+    if (none) none.remove();
+    const li = document.createElement("li");
+    li.textContent = "step " + msg.step + " · ";
+    const code = document.createElement("code");
+    code.textContent = msg.path;
+    li.appendChild(code);
+    ul.appendChild(li);
+  }
+
+  function wsState(text, cls) {
+    const el = document.getElementById("ws-state");
+    el.textContent = text;
+    el.className = "ws-state " + (cls || "muted");
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const ws = new WebSocket(scheme + location.host + cfg.ws_path);
+    state.ws = ws;
+    ws.onopen = () => {
+      state.attempts = 0;
+      // The cursor goes with every (re)connect: the server replays only what we have not seen.
+      ws.send(JSON.stringify({ type: "subscribe", after: {
+        metric_cursor: state.metricCursor, sample_cursor: state.sampleCursor, log_cursor: state.logCursor } }));
+      wsState("syncing…");
+    };
+    ws.onmessage = (ev) => {
+      let msg;
+      try { msg = JSON.parse(ev.data); } catch (e) { return; }
+      state.messages += 1;
+      switch (msg.type) {
+        case "status": setStatus(msg); break;
+        case "metrics": applyPoints(msg.points || []); break;
+        case "samples": addSamples(msg.rows || []); break;
+        case "log": addLogs(msg.lines || []); break;
+        case "checkpoint": addCheckpoint(msg); break;
+        case "caught_up": state.connected = true; wsState("live", "live"); break;
+        default: break;
+      }
+    };
+    ws.onclose = (ev) => {
+      state.connected = false;
+      state.ws = null;
+      if (ev.code === 4403 || ev.code === 4404) { wsState("not allowed", "down"); return; }
+      const delay = Math.min(10000, 500 * Math.pow(2, state.attempts)) * (0.75 + Math.random() * 0.5);
+      state.attempts += 1;
+      wsState("reconnecting in " + Math.round(delay / 1000) + "s…", "down");
+      setTimeout(connect, delay);
+    };
+  }
+
+  if (slider) {
+    slider.addEventListener("input", () => {
+      alpha = parseFloat(slider.value);
+      sliderValue.textContent = alpha.toFixed(2);
+      state.charts.forEach((c) => c.setAlpha(alpha));
+    });
+    sliderValue.textContent = alpha.toFixed(2);
+  }
+
+  // 1) overview series (cursor read before the series on the server), 2) websocket from that cursor.
+  fetch(cfg.series_url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+    .then((r) => { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+    .then((data) => {
+      state.metricCursor = data.cursor || 0;
+      Object.values(data.series).forEach((s) => chartFor(s.key).setSeries(s.key, s.x, s.y));
+      if (data.status) setStatus(data.status);
+    })
+    .catch((e) => wsState("could not load metrics: " + e.message, "down"))
+    .then(connect);
+
+  window.grueRun = {
+    state: state,
+    pointCount: () => { let n = 0; state.charts.forEach((c) => { n += c.pointCount(); }); return n; },
+    disconnect: () => { if (state.ws) state.ws.close(); },
+  };
+})();
