@@ -1,0 +1,35 @@
+"""The interface every algorithm implements.
+
+An algorithm owns only its loss and update; rollout, rewards, KL shaping and advantages are shared
+by the trainer. User algorithms register a factory ``factory(cfg: AlgorithmConfig)`` in
+``engine.registry.algorithms``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Algorithm:
+    #: False for purely supervised algorithms: the trainer then skips the RL loop.
+    is_rl: bool = True
+    #: True when generation must be restricted by a masking policy (NLPO).
+    uses_masking_policy: bool = False
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+
+    def update(self, policy: Any, optimizer: Any, batch: Any, **kwargs: Any) -> dict[str, float]:
+        raise NotImplementedError
+
+    def on_iteration_start(self, iteration: int, policy: Any) -> None:
+        """Hook before each rollout (NLPO refreshes its masking policy here)."""
+
+    def masking_model(self) -> Any | None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,257 @@
+"""PPO for language models on the token-level MDP (Ramamurthy et al. 2023, Schulman et al. 2017).
+
+Pure tensor functions (GAE, whitening, clipped losses) are separate from the update loop so they
+can be checked against hand-computed values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from engine.algorithms.base import Algorithm
+from engine.models.policy import entropy_from_logprobs, processed_logprobs
+from engine.registry import algorithms
+from engine.rollout import gather_logprobs
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Population variance of the masked entries."""
+    mean = masked_mean(x, mask)
+    return masked_mean((x - mean) ** 2, mask)
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """Normalise the masked entries to zero mean, unit (population) variance; masked-out entries become 0."""
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * mask
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over (B, T) episodes; the state after the last valid token is terminal."""
+    bsz, t_len = rewards.shape
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros(bsz, dtype=rewards.dtype, device=rewards.device)
+    for t in reversed(range(t_len)):
+        if t + 1 < t_len:
+            next_nonterminal = mask[:, t + 1]
+            next_value = values[:, t + 1] * next_nonterminal
+        else:
+            next_nonterminal = torch.zeros_like(last)
+            next_value = torch.zeros_like(last)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = delta + gamma * lam * next_nonterminal * last
+        adv[:, t] = last * mask[:, t]
+    returns = (adv + values) * mask
+    return adv, returns
+
+
+def kl_shaped_rewards(
+    task_rewards: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards -beta*(log pi - log pi_ref) plus the task reward on each episode's last token.
+
+    Returns (rewards (B, T), per-token KL estimate (B, T)).
+    """
+    kl = (logprobs - ref_logprobs) * mask
+    rewards = -beta * kl
+    lengths = mask.sum(1).long()
+    last = (lengths - 1).clamp(min=0)
+    rows = torch.arange(rewards.shape[0], device=rewards.device)
+    rewards[rows, last] += task_rewards.to(rewards.dtype) * (lengths > 0).to(rewards.dtype)
+    return rewards * mask, kl
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate (to minimise), with clip fraction and the k3 approximate KL."""
+    log_ratio = (logprobs - old_logprobs) * mask
+    ratio = torch.exp(log_ratio)
+    loss1 = -advantages * ratio
+    loss2 = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    loss = masked_mean(torch.maximum(loss1, loss2), mask)
+    clipfrac = masked_mean(((ratio - 1.0).abs() > clip).float(), mask)
+    approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask)
+    return loss, {
+        "clipfrac": clipfrac.detach(),
+        "approx_kl": approx_kl.detach(),
+        "ratio": masked_mean(ratio, mask).detach(),
+    }
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """0.5 * max((V - R)^2, (V_clipped - R)^2); returns (loss, fraction of clipped values)."""
+    err = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * masked_mean(err, mask), torch.zeros((), device=values.device)
+    v_clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    err_clipped = (v_clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(err, err_clipped), mask)
+    return loss, masked_mean((err_clipped > err).float(), mask).detach()
+
+
+def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> float:
+    var_t = masked_var(target, mask)
+    if float(var_t) == 0.0:
+        return float("nan")
+    return float(1.0 - masked_var(target - pred, mask) / var_t)
+
+
+def _trim(batch: Any, idx: torch.Tensor) -> tuple[dict[str, torch.Tensor], slice, torch.Tensor | None]:
+    """Minibatch inputs without columns that are padding for every selected episode."""
+    inputs = batch.model_inputs(idx)
+    t_max = max(1, int(inputs["gen_mask"].sum(1).max().item()))
+    pm = inputs["prompt_mask"]
+    first = int((pm.sum(0) > 0).float().argmax().item())
+    inputs = {
+        "prompt_ids": inputs["prompt_ids"][:, first:],
+        "prompt_mask": pm[:, first:],
+        "gen_ids": inputs["gen_ids"][:, :t_max],
+        "gen_mask": inputs["gen_mask"][:, :t_max],
+    }
+    support = batch.support[idx][:, :t_max] if batch.support is not None else None
+    return inputs, slice(0, t_max), support
+
+
+@algorithms.register("ppo", "Proximal Policy Optimization with a value head and KL-penalised rewards.")
+class PPO(Algorithm):
+    def setup(self, policy: Any) -> None:
+        pass
+
+    def minibatch_loss(
+        self,
+        policy: Any,
+        batch: Any,
+        idx: torch.Tensor,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+        temperature: float,
+        autocast_dtype: torch.dtype | None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        cfg = self.cfg
+        inputs, tsl, support = _trim(batch, idx)
+        device = inputs["gen_ids"].device
+        with torch.autocast(
+            device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+        ):
+            logits, values = policy.forward_tokens(inputs, want_values=True)
+        logp_all = processed_logprobs(logits, temperature, support)
+        del logits
+        new_lp = gather_logprobs(logp_all, inputs["gen_ids"])
+        mask = inputs["gen_mask"]
+        entropy = masked_mean(entropy_from_logprobs(logp_all), mask)
+        del logp_all
+        old_lp = batch.logprobs[idx][:, tsl]
+        adv = advantages[idx][:, tsl]
+        pg_loss, pg_stats = clipped_policy_loss(new_lp, old_lp, adv, mask, cfg.clip_range)
+        v_loss, vclip = clipped_value_loss(
+            values.float(), batch.values[idx][:, tsl], returns[idx][:, tsl], mask, cfg.clip_range_value
+        )
+        loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
+        stats = {
+            "loss/policy": pg_loss.detach(),
+            "loss/value": v_loss.detach(),
+            "loss/total": loss.detach(),
+            "policy/entropy": entropy.detach(),
+            "policy/approx_kl": pg_stats["approx_kl"],
+            "policy/clipfrac": pg_stats["clipfrac"],
+            "policy/ratio_mean": pg_stats["ratio"],
+            "value/clipfrac": vclip,
+        }
+        return loss, stats
+
+    def update(
+        self,
+        policy: Any,
+        optimizer: Any,
+        batch: Any,
+        advantages: torch.Tensor | None = None,
+        returns: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        temperature: float = 1.0,
+        autocast_dtype: torch.dtype | None = None,
+        scaler: Any | None = None,
+        **_: Any,
+    ) -> dict[str, float]:
+        """PPO epochs over shuffled minibatches with gradient accumulation and approx-KL early stop."""
+        cfg = self.cfg
+        n = len(batch)
+        mb = min(cfg.minibatch_size, n)
+        params = [p for p in policy.parameters() if p.requires_grad]
+        sums: dict[str, float] = {}
+        counts = 0
+        n_updates = 0
+        early = False
+        policy.train()
+        for _epoch in range(cfg.n_epochs):
+            perm = torch.randperm(n, generator=generator)
+            chunks = [perm[i : i + mb] for i in range(0, n, mb)]
+            groups = [
+                chunks[i : i + cfg.grad_accumulation] for i in range(0, len(chunks), cfg.grad_accumulation)
+            ]
+            for group in groups:
+                optimizer.zero_grad(set_to_none=True)
+                stop = False
+                for idx in group:
+                    idx = idx.to(batch.gen_ids.device)
+                    loss, stats = self.minibatch_loss(
+                        policy, batch, idx, advantages, returns, temperature, autocast_dtype
+                    )
+                    if cfg.target_kl is not None and float(stats["policy/approx_kl"]) > 1.5 * cfg.target_kl:
+                        stop = True
+                        break
+                    scaled = loss / len(group)
+                    if scaler is not None:
+                        scaler.scale(scaled).backward()
+                    else:
+                        scaled.backward()
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + float(v)
+                    counts += 1
+                if stop:
+                    optimizer.zero_grad(set_to_none=True)
+                    early = True
+                    break
+                if scaler is not None:
+                    scaler.unscale_(optimizer)
+                gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + float(gnorm) * len(group)
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                n_updates += 1
+            if early:
+                break
+        optimizer.zero_grad(set_to_none=True)
+        out = {k: v / max(counts, 1) for k, v in sums.items()}
+        out["policy/n_updates"] = float(n_updates)
+        out["policy/early_stopped"] = float(early)
+        return {k: (v if math.isfinite(v) else float("nan")) for k, v in out.items()}

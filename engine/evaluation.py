@@ -1,0 +1,199 @@
+"""Evaluation: generate on a split with the evaluation decoding settings, then score.
+
+Used during training (every ``train.eval_every`` iterations) and on its own through
+``engine.evaluate`` / ``python -m engine eval``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import RunConfig
+from engine.rollout import SamplingSpec, decode_generations, generate, tokenize_prompts
+
+
+def _metrics_api() -> tuple[Any, Any] | None:
+    try:
+        from engine.metrics import build_metrics, compute_all
+    except ImportError:  # metrics package not installed yet: training still works
+        return None
+    return build_metrics, compute_all
+
+
+@torch.no_grad()
+def generate_texts(
+    lm: Any,
+    is_seq2seq: bool,
+    tokenizer: Any,
+    prompts: list[str],
+    gen_cfg: Any,
+    max_prompt_length: int,
+    device: Any,
+    autocast_dtype: torch.dtype | None,
+    seed: int = 0,
+    decoder_start_id: int | None = None,
+) -> list[str]:
+    """Decode prompts in batches; beam search goes through HF ``generate``, the rest through our cached loop."""
+    out: list[str] = []
+    gen = torch.Generator(device=device).manual_seed(seed)
+    spec = SamplingSpec.from_config(gen_cfg, tokenizer.eos_token_id)
+    was_training = lm.training
+    lm.eval()
+    for start in range(0, len(prompts), gen_cfg.batch_size):
+        chunk = prompts[start : start + gen_cfg.batch_size]
+        ids, mask = tokenize_prompts(tokenizer, chunk, max_prompt_length, device)
+        if gen_cfg.num_beams > 1:
+            with torch.autocast(
+                device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+            ):
+                res = lm.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=gen_cfg.max_new_tokens,
+                    min_new_tokens=gen_cfg.min_new_tokens or None,
+                    num_beams=gen_cfg.num_beams,
+                    do_sample=gen_cfg.do_sample,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id,
+                )
+            new = res if is_seq2seq else res[:, ids.shape[1] :]
+            out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+            continue
+        g = generate(
+            lm,
+            is_seq2seq,
+            ids,
+            mask,
+            spec,
+            tokenizer.pad_token_id,
+            decoder_start_id,
+            generator=gen,
+            autocast_dtype=autocast_dtype,
+            record_support=False,
+        )
+        out.extend(decode_generations(tokenizer, g.gen_ids, g.gen_mask))
+    lm.train(was_training)
+    return out
+
+
+def score_generations(
+    samples: list[Any],
+    generations: list[str],
+    reward_fn: Any | None,
+    metric_components: list[Any],
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Corpus metrics (reward mean/std + configured metrics) and per-sample rows for the sink."""
+    prompts = [s.prompt for s in samples]
+    refs = [list(s.references) for s in samples]
+    meta = [dict(s.meta) for s in samples]
+    corpus: dict[str, float] = {}
+    per_sample: dict[str, list[float]] = {}
+    rewards: list[float] | None = None
+    if reward_fn is not None:
+        rewards = [float(r) for r in reward_fn(prompts, generations, refs, meta)]
+        corpus["reward_mean"] = sum(rewards) / max(len(rewards), 1)
+        mean = corpus["reward_mean"]
+        corpus["reward_std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1))
+    if metric_components:
+        api = _metrics_api()
+        if api is not None:
+            build_metrics, compute_all = api
+            objs = build_metrics(metric_components)
+            c, ps = compute_all(objs, prompts, generations, refs, meta)
+            corpus.update({k: float(v) for k, v in c.items()})
+            per_sample.update(ps)
+    rows = []
+    for i, s in enumerate(samples):
+        row: dict[str, Any] = {
+            "sample_id": str(s.id),
+            "prompt": s.prompt,
+            "generation": generations[i],
+            "references": list(s.references),
+            "reward": rewards[i] if rewards is not None else None,
+        }
+        m = {k: v[i] for k, v in per_sample.items() if v is not None and i < len(v)}
+        if m:
+            row["metrics"] = m
+        rows.append(row)
+    return corpus, rows
+
+
+def evaluate(
+    config: RunConfig,
+    split: str | None = None,
+    model_path: str | None = None,
+    output: str | Path | None = None,
+    max_samples: int | None = None,
+    sink: Any | None = None,
+    with_reward: bool = True,
+) -> dict[str, Any]:
+    """Evaluate ``model_path`` (default: the config's model) on ``split``; optionally write a results JSON."""
+    from engine.models.loading import (
+        autocast_dtype,
+        detect_kind,
+        load_lm,
+        load_tokenizer,
+        resolve_device,
+        resolve_model_path,
+    )
+    from engine.trainer import build_reward_fn, load_split
+
+    cfg = config
+    split = split or cfg.eval.split
+    path = resolve_model_path(
+        model_path or cfg.model.name_or_path, None if model_path else cfg.model.gguf_file
+    )
+    kind = detect_kind(path, cfg.model.type, cfg.model.revision)
+    tok_path = (
+        path
+        if model_path
+        else (cfg.tokenizer.name_or_path and resolve_model_path(cfg.tokenizer.name_or_path)) or path
+    )
+    tok = load_tokenizer(
+        tok_path,
+        cfg.tokenizer.padding_side,
+        cfg.tokenizer.truncation_side,
+        cfg.tokenizer.pad_token_as_eos_token,
+    )
+    device = resolve_device(cfg.model.device)
+    amp = autocast_dtype(cfg.model.mixed_precision, device)
+    lm = load_lm(path, kind, cfg.model.revision).to(device)
+    samples = load_split(cfg, split)
+    if max_samples is not None:
+        samples = samples[:max_samples]
+    start = getattr(lm.config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(lm.config, "pad_token_id", None)
+    gens = generate_texts(
+        lm,
+        kind == "seq2seq",
+        tok,
+        [s.prompt for s in samples],
+        cfg.eval.generation,
+        cfg.tokenizer.max_prompt_length,
+        device,
+        amp,
+        seed=cfg.train.seed,
+        decoder_start_id=start,
+    )
+    reward_fn = build_reward_fn(cfg) if with_reward else None
+    corpus, rows = score_generations(samples, gens, reward_fn, list(cfg.eval.metrics))
+    result = {
+        "split": split,
+        "n_samples": len(samples),
+        "model": model_path or cfg.model.name_or_path,
+        "metrics": corpus,
+        "samples": rows,
+    }
+    if sink is not None:
+        sink.metrics(0, {f"eval/{k}": v for k, v in corpus.items()})
+        sink.samples(0, split, rows)
+    if output is not None:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    return result

@@ -1,0 +1,182 @@
+"""Actor-critic policy over a HuggingFace LM, for causal and encoder-decoder models.
+
+The value head sits on the policy's own trunk by default, so one forward pass yields both the
+token distribution and the values (RL4LMs and several peers keep a second full model as critic,
+which doubles memory and compute). A separate critic remains available for comparison.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def hidden_size_of(lm: Any) -> int:
+    out = lm.get_output_embeddings()
+    if out is not None and hasattr(out, "in_features"):
+        return int(out.in_features)
+    cfg = lm.config
+    for attr in ("hidden_size", "d_model", "n_embd"):
+        if getattr(cfg, attr, None):
+            return int(getattr(cfg, attr))
+    raise ValueError("cannot infer the hidden size of the model")
+
+
+class ValueHead(nn.Module):
+    """A linear value estimate per position; zero-initialised so early advantages are the raw returns."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
+
+
+def lm_forward(
+    lm: Any,
+    is_seq2seq: bool,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    gen_ids: torch.Tensor,
+    gen_mask: torch.Tensor,
+    decoder_start_id: int | None,
+    want_hidden: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One teacher-forced pass over prompt+generation: logits (and last hidden) for every generated token.
+
+    Row t of the result is the distribution that chose ``gen_ids[:, t]``. Causal inputs are left
+    padded; position ids come from the attention mask so padding never shifts positions.
+    """
+    t_len = gen_ids.shape[1]
+    if is_seq2seq:
+        start = torch.full(
+            (gen_ids.shape[0], 1), decoder_start_id, dtype=gen_ids.dtype, device=gen_ids.device
+        )
+        dec_in = torch.cat([start, gen_ids[:, :-1]], dim=1)
+        dec_mask = torch.cat([torch.ones_like(start), gen_mask[:, :-1].to(start.dtype)], dim=1)
+        out = lm(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            decoder_input_ids=dec_in,
+            decoder_attention_mask=dec_mask,
+            output_hidden_states=want_hidden,
+            use_cache=False,
+        )
+        hidden = out.decoder_hidden_states[-1] if want_hidden else None
+        return out.logits, hidden
+    p_len = prompt_ids.shape[1]
+    ids = torch.cat([prompt_ids, gen_ids], dim=1)
+    mask = torch.cat([prompt_mask, gen_mask.to(prompt_mask.dtype)], dim=1)
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    kwargs: dict[str, Any] = {}
+    if _accepts(lm, "logits_to_keep"):
+        kwargs["logits_to_keep"] = t_len + 1
+    out = lm(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=pos,
+        output_hidden_states=want_hidden,
+        use_cache=False,
+        **kwargs,
+    )
+    logits = out.logits
+    logits = logits[:, -(t_len + 1) : -1]
+    hidden = out.hidden_states[-1][:, p_len - 1 : p_len + t_len - 1] if want_hidden else None
+    return logits, hidden
+
+
+_ACCEPTS: dict[tuple[type, str], bool] = {}
+
+
+def _accepts(lm: Any, name: str) -> bool:
+    key = (type(lm), name)
+    if key not in _ACCEPTS:
+        try:
+            _ACCEPTS[key] = name in inspect.signature(lm.forward).parameters
+        except (TypeError, ValueError):
+            _ACCEPTS[key] = False
+    return _ACCEPTS[key]
+
+
+class ActorCritic(nn.Module):
+    """Policy LM + value head (shared trunk) or + separate critic LM with its own head."""
+
+    def __init__(self, lm: Any, is_seq2seq: bool, value_head: str = "shared", critic_lm: Any | None = None):
+        super().__init__()
+        self.lm = lm
+        self.is_seq2seq = is_seq2seq
+        self.value_mode = value_head
+        if value_head == "separate":
+            self.critic = critic_lm if critic_lm is not None else copy.deepcopy(lm)
+        else:
+            self.critic = None
+        self.value_head = ValueHead(hidden_size_of(self.critic if self.critic is not None else lm))
+        cfg = lm.config
+        start = getattr(cfg, "decoder_start_token_id", None)
+        if start is None:
+            start = getattr(cfg, "pad_token_id", None)
+        self.decoder_start_id = start
+
+    def forward_tokens(self, batch: dict[str, torch.Tensor], want_values: bool = True):
+        """Logits (B, T, V) for the generated tokens and values (B, T) of the states that chose them."""
+        shared = want_values and self.critic is None
+        logits, hidden = lm_forward(
+            self.lm,
+            self.is_seq2seq,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["gen_ids"],
+            batch["gen_mask"],
+            self.decoder_start_id,
+            want_hidden=shared,
+        )
+        values = None
+        if want_values:
+            if self.critic is None:
+                values = self.value_head(hidden)
+            else:
+                _, c_hidden = lm_forward(
+                    self.critic,
+                    self.is_seq2seq,
+                    batch["prompt_ids"],
+                    batch["prompt_mask"],
+                    batch["gen_ids"],
+                    batch["gen_mask"],
+                    self.decoder_start_id,
+                    want_hidden=True,
+                )
+                values = self.value_head(c_hidden)
+        return logits, values
+
+
+def frozen_copy(lm: Any) -> Any:
+    """A frozen, gradient-free copy used as reference or masking policy."""
+    ref = copy.deepcopy(lm)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def processed_logprobs(
+    logits: torch.Tensor, temperature: float, support: torch.Tensor | None
+) -> torch.Tensor:
+    """Log-probs of the distribution actually sampled from: temperature, then restriction to ``support``."""
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    if support is not None:
+        x = x.masked_fill(~support, float("-inf"))
+    return torch.log_softmax(x, dim=-1)
+
+
+def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
+    p = logp.exp()
+    return -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)

@@ -1,0 +1,401 @@
+"""Rollouts: batched generation with the KV cache, then one scoring pass.
+
+Generation runs our own incremental loop (prompt once, then one cached step per token for the
+whole batch) so that every step's *processed* distribution (temperature, top-k, top-p, NLPO mask,
+min length) is known exactly. Its support is stored and re-applied when scoring and updating, so
+the PPO ratio compares the same distributions that produced the samples. After generation, one
+teacher-forced forward pass per model scores every generated token at once (policy log-probs and
+values, reference log-probs) -- never one forward per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.models.policy import ActorCritic, _accepts, lm_forward, processed_logprobs
+
+
+@dataclass
+class SamplingSpec:
+    """How one step's logits become the sampling distribution."""
+
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_new_tokens: int = 0
+    max_new_tokens: int = 20
+    eos_id: int | None = None
+    mask_top_p: float | None = None  # NLPO: keep this top-p mass of the masking policy
+    mask_min_tokens: int = 1
+
+    @classmethod
+    def from_config(cls, gen: Any, eos_id: int | None, nlpo: Any | None = None) -> SamplingSpec:
+        return cls(
+            do_sample=gen.do_sample,
+            temperature=gen.temperature,
+            top_k=gen.top_k,
+            top_p=gen.top_p,
+            min_new_tokens=gen.min_new_tokens,
+            max_new_tokens=gen.max_new_tokens,
+            eos_id=eos_id,
+            mask_top_p=nlpo.top_mask if nlpo is not None else None,
+            mask_min_tokens=nlpo.min_tokens_to_keep if nlpo is not None else 1,
+        )
+
+    def restricts_support(self, with_mask: bool) -> bool:
+        return (
+            self.top_k > 0
+            or self.top_p < 1.0
+            or (self.min_new_tokens > 0 and self.eos_id is not None)
+            or (with_mask and self.mask_top_p is not None)
+        )
+
+
+def top_p_keep(logits: torch.Tensor, top_p: float, min_keep: int = 1) -> torch.Tensor:
+    """Boolean mask of the smallest set of most likely tokens holding ``top_p`` mass (>= min_keep)."""
+    sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
+    keep_sorted = before < top_p
+    keep_sorted[..., : max(1, min_keep)] = True
+    keep = torch.zeros_like(keep_sorted)
+    keep.scatter_(-1, idx, keep_sorted)
+    return keep
+
+
+def process_step(
+    logits: torch.Tensor, spec: SamplingSpec, step: int, mask_logits: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Processed logits (temperature applied, excluded tokens at -inf) of one generation step."""
+    x = logits.float()
+    if mask_logits is not None and spec.mask_top_p is not None:
+        keep = top_p_keep(mask_logits.float(), spec.mask_top_p, spec.mask_min_tokens)
+        x = x.masked_fill(~keep, float("-inf"))
+    if step < spec.min_new_tokens and spec.eos_id is not None:
+        x[:, spec.eos_id] = float("-inf")
+    if spec.temperature != 1.0:
+        x = x / spec.temperature
+    if spec.top_k > 0:
+        k = min(spec.top_k, x.shape[-1])
+        kth = torch.topk(x, k, dim=-1).values[:, -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if spec.top_p < 1.0:
+        keep = top_p_keep(x, spec.top_p, 1)
+        x = x.masked_fill(~keep, float("-inf"))
+    return x
+
+
+@dataclass
+class Generated:
+    gen_ids: torch.Tensor  # (B, T) generated tokens, pad after the episode ended
+    gen_mask: torch.Tensor  # (B, T) 1 for tokens of the episode (up to and including EOS)
+    support: torch.Tensor | None  # (B, T, V) bool: the action space of each step, or None = full vocab
+    sample_logprobs: torch.Tensor  # (B, T) log-prob of each token under the processed distribution
+
+
+class _IncrementalLM:
+    """Feeds one model step by step with its KV cache, for causal and encoder-decoder LMs alike."""
+
+    def __init__(
+        self, lm: Any, is_seq2seq: bool, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, start_id
+    ):
+        self.lm, self.is_seq2seq = lm, is_seq2seq
+        self.mask = prompt_mask
+        if is_seq2seq:
+            self.encoder_outputs = lm.get_encoder()(input_ids=prompt_ids, attention_mask=prompt_mask)
+            start = torch.full(
+                (prompt_ids.shape[0], 1), start_id, dtype=prompt_ids.dtype, device=prompt_ids.device
+            )
+            out = lm(
+                encoder_outputs=self.encoder_outputs,
+                attention_mask=prompt_mask,
+                decoder_input_ids=start,
+                use_cache=True,
+            )
+        else:
+            pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+            self.next_pos = pos[:, -1:] + 1
+            out = lm(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos, use_cache=True)
+        self.cache_kw = "cache" if _accepts(lm, "cache") else "past_key_values"
+        self.past = _cache_of(out)
+        self.logits = out.logits[:, -1]
+
+    def step(self, tokens: torch.Tensor) -> None:
+        tok = tokens[:, None]
+        if self.is_seq2seq:
+            out = self.lm(
+                encoder_outputs=self.encoder_outputs,
+                attention_mask=self.mask,
+                decoder_input_ids=tok,
+                **{self.cache_kw: self.past},
+                use_cache=True,
+            )
+        else:
+            self.mask = torch.cat([self.mask, torch.ones_like(tok, dtype=self.mask.dtype)], dim=1)
+            out = self.lm(
+                input_ids=tok,
+                attention_mask=self.mask,
+                position_ids=self.next_pos,
+                **{self.cache_kw: self.past},
+                use_cache=True,
+            )
+            self.next_pos = self.next_pos + 1
+        self.past = _cache_of(out)
+        self.logits = out.logits[:, -1]
+
+
+def _cache_of(out: Any) -> Any:
+    """transformers 5 renamed ``past_key_values`` to ``cache``; accept both."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+@torch.no_grad()
+def generate(
+    lm: Any,
+    is_seq2seq: bool,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    spec: SamplingSpec,
+    pad_id: int,
+    decoder_start_id: int | None = None,
+    masking_lm: Any | None = None,
+    generator: torch.Generator | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    record_support: bool = True,
+) -> Generated:
+    """Sample a batch of episodes; an episode ends at EOS or after ``max_new_tokens``."""
+    device = prompt_ids.device
+    bsz = prompt_ids.shape[0]
+    with torch.autocast(
+        device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+    ):
+        pol = _IncrementalLM(lm, is_seq2seq, prompt_ids, prompt_mask, decoder_start_id)
+        msk = (
+            _IncrementalLM(masking_lm, is_seq2seq, prompt_ids, prompt_mask, decoder_start_id)
+            if masking_lm is not None
+            else None
+        )
+        keep_support = record_support and spec.restricts_support(masking_lm is not None)
+        tokens, masks, supports, logps = [], [], [], []
+        alive = torch.ones(bsz, dtype=torch.bool, device=device)
+        for step in range(spec.max_new_tokens):
+            x = process_step(pol.logits, spec, step, msk.logits if msk is not None else None)
+            logp = torch.log_softmax(x, dim=-1)
+            if spec.do_sample:
+                tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+            else:
+                tok = logp.argmax(-1)
+            tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
+            tokens.append(tok)
+            masks.append(alive.clone())
+            logps.append(logp.gather(1, tok[:, None]).squeeze(1).masked_fill(~alive, 0.0))
+            if keep_support:
+                supports.append(torch.isfinite(x))
+            if spec.eos_id is not None:
+                alive = alive & (tok != spec.eos_id)
+            if not bool(alive.any()) or step == spec.max_new_tokens - 1:
+                break
+            pol.step(tok)
+            if msk is not None:
+                msk.step(tok)
+    gen_ids = torch.stack(tokens, dim=1)
+    gen_mask = torch.stack(masks, dim=1).float()
+    support = torch.stack(supports, dim=1) if keep_support else None
+    return Generated(gen_ids, gen_mask, support, torch.stack(logps, dim=1))
+
+
+def gather_logprobs(logp: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    return logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass
+class RolloutBatch:
+    """Episodes of one iteration, padded to common prompt/generation lengths."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    gen_ids: torch.Tensor
+    gen_mask: torch.Tensor
+    support: torch.Tensor | None
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor
+    sample_logprobs: torch.Tensor
+    prompts: list[str] = field(default_factory=list)
+    generations: list[str] = field(default_factory=list)
+    references: list[list[str]] = field(default_factory=list)
+    meta: list[dict] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+
+    def model_inputs(self, idx: torch.Tensor | slice | None = None) -> dict[str, torch.Tensor]:
+        sel = (lambda t: t) if idx is None else (lambda t: t[idx])
+        out = {
+            "prompt_ids": sel(self.prompt_ids),
+            "prompt_mask": sel(self.prompt_mask),
+            "gen_ids": sel(self.gen_ids),
+            "gen_mask": sel(self.gen_mask),
+        }
+        return out
+
+    def __len__(self) -> int:
+        return self.gen_ids.shape[0]
+
+
+def tokenize_prompts(
+    tokenizer: Any, prompts: list[str], max_length: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded (per tokenizer settings), truncated prompts; an empty prompt becomes one BOS/EOS token."""
+    fixed = [p if p else (tokenizer.bos_token or tokenizer.eos_token or "") for p in prompts]
+    enc = tokenizer(fixed, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    if ids.shape[1] == 0:
+        raise ValueError("prompts tokenized to nothing and the tokenizer has no BOS/EOS token")
+    return ids.to(device), mask.to(device)
+
+
+def _pad_to(t: torch.Tensor, length: int, value: Any, left: bool) -> torch.Tensor:
+    extra = length - t.shape[1]
+    if extra <= 0:
+        return t
+    shape = list(t.shape)
+    shape[1] = extra
+    pad = torch.full(shape, value, dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t] if left else [t, pad], dim=1)
+
+
+def cat_padded(parts: list[torch.Tensor], value: Any, left: bool) -> torch.Tensor:
+    length = max(p.shape[1] for p in parts)
+    return torch.cat([_pad_to(p, length, value, left) for p in parts], dim=0)
+
+
+@torch.no_grad()
+def score(
+    policy: ActorCritic,
+    ref_lm: Any | None,
+    inputs: dict[str, torch.Tensor],
+    support: torch.Tensor | None,
+    temperature: float,
+    autocast_dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """One forward per model over all generated tokens: (policy log-probs, reference log-probs, values)."""
+    device = inputs["gen_ids"].device
+    with torch.autocast(
+        device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+    ):
+        logits, values = policy.forward_tokens(inputs, want_values=True)
+        logp = gather_logprobs(processed_logprobs(logits, temperature, support), inputs["gen_ids"])
+        del logits
+        ref_logp = None
+        if ref_lm is not None:
+            r_logits, _ = lm_forward(
+                ref_lm,
+                policy.is_seq2seq,
+                inputs["prompt_ids"],
+                inputs["prompt_mask"],
+                inputs["gen_ids"],
+                inputs["gen_mask"],
+                policy.decoder_start_id,
+                want_hidden=False,
+            )
+            ref_logp = gather_logprobs(processed_logprobs(r_logits, temperature, support), inputs["gen_ids"])
+    mask = inputs["gen_mask"]
+    logp = logp * mask
+    if ref_logp is not None:
+        ref_logp = ref_logp * mask
+    return logp, ref_logp, values.float() * mask
+
+
+def collect(
+    policy: ActorCritic,
+    ref_lm: Any | None,
+    tokenizer: Any,
+    samples: list[Any],
+    spec: SamplingSpec,
+    max_prompt_length: int,
+    batch_size: int,
+    device,
+    generator: torch.Generator | None = None,
+    masking_lm: Any | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    timings: dict[str, float] | None = None,
+) -> RolloutBatch:
+    """Generate and score episodes for ``samples`` in chunks of ``batch_size`` prompts."""
+    import time
+
+    pad_id = tokenizer.pad_token_id
+    parts: dict[str, list] = {k: [] for k in ("pi", "pm", "gi", "gm", "sup", "lp", "rlp", "v", "slp")}
+    timings = timings if timings is not None else {}
+    timings.setdefault("generate", 0.0)
+    timings.setdefault("score", 0.0)
+    was_training = policy.training
+    policy.eval()
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start : start + batch_size]
+        t0 = time.perf_counter()
+        pi, pm = tokenize_prompts(tokenizer, [s.prompt for s in chunk], max_prompt_length, device)
+        g = generate(
+            policy.lm,
+            policy.is_seq2seq,
+            pi,
+            pm,
+            spec,
+            pad_id,
+            policy.decoder_start_id,
+            masking_lm=masking_lm,
+            generator=generator,
+            autocast_dtype=autocast_dtype,
+        )
+        t1 = time.perf_counter()
+        inputs = {"prompt_ids": pi, "prompt_mask": pm, "gen_ids": g.gen_ids, "gen_mask": g.gen_mask}
+        lp, rlp, v = score(policy, ref_lm, inputs, g.support, spec.temperature, autocast_dtype)
+        timings["generate"] += t1 - t0
+        timings["score"] += time.perf_counter() - t1
+        for k, t in zip(
+            ("pi", "pm", "gi", "gm", "lp", "v", "slp"),
+            (pi, pm, g.gen_ids, g.gen_mask, lp, v, g.sample_logprobs),
+        ):
+            parts[k].append(t)
+        parts["rlp"].append(rlp if rlp is not None else lp.clone())
+        parts["sup"].append(g.support)
+    policy.train(was_training)
+    support = None
+    if parts["sup"][0] is not None:  # same spec for every chunk: all or none carry a support
+        t_max = max(t.shape[1] for t in parts["gi"])
+        sups = []
+        for s in parts["sup"]:
+            if s.shape[1] < t_max:
+                fill = torch.ones(
+                    s.shape[0], t_max - s.shape[1], s.shape[2], dtype=torch.bool, device=s.device
+                )
+                s = torch.cat([s, fill], 1)
+            sups.append(s)
+        support = torch.cat(sups, dim=0)
+    gen_ids = cat_padded(parts["gi"], pad_id, left=False)
+    gen_mask = cat_padded(parts["gm"], 0.0, left=False)
+    texts = decode_generations(tokenizer, gen_ids, gen_mask)
+    return RolloutBatch(
+        prompt_ids=cat_padded(parts["pi"], pad_id, left=True),
+        prompt_mask=cat_padded(parts["pm"], 0, left=True),
+        gen_ids=gen_ids,
+        gen_mask=gen_mask,
+        support=support,
+        logprobs=cat_padded(parts["lp"], 0.0, left=False),
+        ref_logprobs=cat_padded(parts["rlp"], 0.0, left=False),
+        values=cat_padded(parts["v"], 0.0, left=False),
+        sample_logprobs=cat_padded(parts["slp"], 0.0, left=False),
+        prompts=[s.prompt for s in samples],
+        generations=texts,
+        references=[list(s.references) for s in samples],
+        meta=[dict(s.meta) for s in samples],
+        ids=[str(s.id) for s in samples],
+    )
+
+
+def decode_generations(tokenizer: Any, gen_ids: torch.Tensor, gen_mask: torch.Tensor) -> list[str]:
+    lengths = gen_mask.sum(1).long().tolist()
+    return [tokenizer.decode(row[:n].tolist(), skip_special_tokens=True) for row, n in zip(gen_ids, lengths)]

@@ -1,0 +1,564 @@
+"""The training loop behind ``engine.train``.
+
+supervised warm start (optional) -> RL iterations: rollout -> task reward -> KL-shaped per-token
+rewards -> GAE -> whitening -> algorithm update -> KL controller -> eval every N -> checkpoint.
+
+Reproducibility: data order, sampling and minibatch shuffles use generators seeded from
+``(train.seed, iteration)``, and checkpoints hold model, optimizer, KL controller, algorithm state
+and RNG states, so a run resumed from its last checkpoint follows the same trajectory on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+import traceback as tb
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.config import RunConfig, parse_config
+from engine.events import MultiSink
+from engine.sinks import RunDirSink
+
+STATE_FILE = "state.pt"
+
+
+class OutOfMemoryHint(RuntimeError):
+    """Out of memory, with a suggestion that names the batch settings."""
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def _mix(*parts: int) -> int:
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFF)) * 1099511628211) % (2**63)
+    return h
+
+
+def load_split(cfg: RunConfig, split: str) -> list[Any]:
+    from engine.data import load_task
+
+    return load_task(cfg.task, split)
+
+
+def build_reward_fn(cfg: RunConfig) -> Any:
+    from engine.rewards import build_reward
+
+    return build_reward(cfg.reward)
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in cfg.name) or "run"
+    return Path("runs") / f"{safe}-{stamp}"
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = run_dir / "checkpoints" / "latest.json"
+    if not pointer.exists():
+        return None
+    name = json.loads(pointer.read_text())["name"]
+    path = run_dir / "checkpoints" / name
+    return path if (path / STATE_FILE).exists() else None
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        events: Any,
+        run_dir: Path,
+        run_sink: RunDirSink,
+        should_stop: Any = None,
+        resume_from: str | None = None,
+    ):
+        from engine.models.loading import (
+            autocast_dtype,
+            detect_kind,
+            load_lm,
+            load_tokenizer,
+            resolve_device,
+            resolve_model_path,
+        )
+        from engine.models.policy import ActorCritic, frozen_copy
+        from engine.registry import algorithms
+
+        self.cfg = cfg
+        self.events = events
+        self.run_dir = run_dir
+        self.run_sink = run_sink
+        self.should_stop = should_stop or (lambda: False)
+        self.resume_from = resume_from
+        _seed_all(cfg.train.seed)
+
+        self.device = resolve_device(cfg.model.device)
+        self.amp = autocast_dtype(cfg.model.mixed_precision, self.device)
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp == torch.float16 else None
+        path = resolve_model_path(cfg.model.name_or_path, cfg.model.gguf_file)
+        self.kind = detect_kind(path, cfg.model.type, cfg.model.revision)
+        tok_path = resolve_model_path(cfg.tokenizer.name_or_path) if cfg.tokenizer.name_or_path else path
+        self.tokenizer = load_tokenizer(
+            tok_path,
+            cfg.tokenizer.padding_side,
+            cfg.tokenizer.truncation_side,
+            cfg.tokenizer.pad_token_as_eos_token,
+        )
+        lm = load_lm(path, self.kind, cfg.model.revision)
+        if cfg.model.gradient_checkpointing:
+            lm.gradient_checkpointing_enable()
+        self.policy = ActorCritic(lm, self.kind == "seq2seq", cfg.model.value_head).to(self.device)
+        self.frozen_copy = frozen_copy
+        self.algo = algorithms.build(cfg.algorithm.id, cfg=cfg.algorithm)
+        self.ref_path = cfg.model.reference_name_or_path
+        self.ref_lm: Any | None = None
+        self.kl_ctl = None
+        self.optimizer = None
+        self.reward_fn = None
+        self.train_samples: list[Any] | None = None
+        self.eval_samples: list[Any] | None = None
+        self.iteration = 0
+        self.sft_step = 0
+        self.sft_done = False
+        self.history: list[dict[str, float]] = []
+        self.last_eval: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- helpers
+    def _autocast(self):
+        return torch.autocast(
+            self.device.type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None
+        )
+
+    @property
+    def wants_rl(self) -> bool:
+        return bool(getattr(self.algo, "is_rl", True)) and self.cfg.train.n_iters > 0
+
+    @property
+    def wants_sft(self) -> bool:
+        return self.cfg.supervised.enabled or not getattr(self.algo, "is_rl", True)
+
+    def _train_samples(self) -> list[Any]:
+        if self.train_samples is None:
+            self.train_samples = load_split(self.cfg, "train")
+        return self.train_samples
+
+    def _eval_samples(self) -> list[Any]:
+        if self.eval_samples is None:
+            self.eval_samples = load_split(self.cfg, self.cfg.eval.split)
+        return self.eval_samples
+
+    def _prompts_for(self, iteration: int) -> list[Any]:
+        """Prompts of one iteration: a stream of per-epoch shuffles, cut in ``prompts_per_iter`` slices."""
+        data = self._train_samples()
+        n, k = len(data), self.cfg.train.prompts_per_iter
+        out = []
+        pos = iteration * k
+        while len(out) < k:
+            epoch, offset = divmod(pos, n)
+            perm = list(range(n))
+            random.Random(_mix(self.cfg.train.seed, epoch, 17)).shuffle(perm)
+            take = min(k - len(out), n - offset)
+            out.extend(data[i] for i in perm[offset : offset + take])
+            pos += take
+        return out
+
+    def _make_rl_optimizer(self) -> torch.optim.Optimizer:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        return torch.optim.AdamW(
+            params, lr=self.cfg.algorithm.learning_rate, weight_decay=self.cfg.algorithm.weight_decay
+        )
+
+    def _setup_reference(self) -> None:
+        from engine.models.loading import load_lm, resolve_model_path
+
+        if self.ref_path:
+            self.ref_lm = self.frozen_copy(load_lm(resolve_model_path(self.ref_path), self.kind)).to(
+                self.device
+            )
+            return
+        ref_file = self.run_dir / "checkpoints" / "reference.pt"
+        self.ref_lm = self.frozen_copy(self.policy.lm)
+        if ref_file.exists():
+            self.ref_lm.load_state_dict(torch.load(ref_file, map_location=self.device, weights_only=True))
+        elif self.sft_done and self.cfg.supervised.enabled:
+            # The reference of "supervised + RL" is the supervised model; keep it for resumes.
+            ref_file.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(self.ref_lm.state_dict(), ref_file)
+
+    # ----------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, phase: str, sft_optimizer: Any = None) -> Path:
+        ck_root = self.run_dir / "checkpoints"
+        ck_root.mkdir(parents=True, exist_ok=True)
+        name = f"{phase}-{(self.iteration if phase == 'rl' else self.sft_step):06d}"
+        final = ck_root / name
+        tmp = ck_root / f".tmp-{name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        state = {
+            "phase": phase,
+            "iteration": self.iteration,
+            "sft_step": self.sft_step,
+            "sft_done": self.sft_done,
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "sft_optimizer": sft_optimizer.state_dict() if sft_optimizer is not None else None,
+            "kl": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
+            "algorithm": self.algo.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": _rng_state(),
+            "last_eval": self.last_eval,
+        }
+        torch.save(state, tmp / STATE_FILE)
+        (tmp / "trainer_state.json").write_text(
+            json.dumps({"phase": phase, "iteration": self.iteration, "sft_step": self.sft_step}, indent=2)
+        )
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        pointer_tmp = ck_root / ".latest.json"
+        pointer_tmp.write_text(json.dumps({"name": name}))
+        os.replace(pointer_tmp, ck_root / "latest.json")
+        kept = sorted(
+            (p for p in ck_root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+            key=lambda p: (p.name.startswith("rl-"), p.name),
+        )
+        for old in kept[: -self.cfg.train.keep_checkpoints]:
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+        self.events.checkpoint(self.iteration if phase == "rl" else self.sft_step, str(final))
+        return final
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        state = torch.load(path / STATE_FILE, map_location=self.device, weights_only=False)
+        self.policy.load_state_dict(state["policy"])
+        self.iteration = int(state["iteration"])
+        self.sft_step = int(state["sft_step"])
+        self.sft_done = bool(state["sft_done"])
+        self.last_eval = state.get("last_eval") or {}
+        return state
+
+    # ----------------------------------------------------------------- SFT
+    def run_sft(self, resume_state: dict[str, Any] | None) -> bool:
+        """Supervised phase; returns False when stopped early (a checkpoint was written)."""
+        from engine.algorithms.sft import build_sft_batch, sft_loss, sft_pairs, sft_schedule
+
+        sc = self.cfg.supervised
+        pairs = sft_pairs(self._train_samples())
+        if not pairs:
+            raise ValueError(
+                f"supervised fine-tuning needs references, but task {self.cfg.task.id!r} has none"
+            )
+        schedule = sft_schedule(len(pairs), sc.batch_size, sc.epochs, self.cfg.train.seed, sc.max_steps)
+        opt = torch.optim.AdamW(
+            [p for p in self.policy.lm.parameters() if p.requires_grad], lr=sc.learning_rate, weight_decay=0.0
+        )
+        if resume_state is not None and resume_state.get("sft_optimizer") is not None:
+            opt.load_state_dict(resume_state["sft_optimizer"])
+        total = len(schedule)
+        t_start = time.perf_counter()
+        done_here = 0
+        self.policy.train()
+        for step in range(self.sft_step, total):
+            if self.should_stop():
+                self.save_checkpoint("sft", sft_optimizer=opt)
+                return False
+            batch = build_sft_batch(
+                self.tokenizer,
+                [pairs[i] for i in schedule[step]],
+                self.kind == "seq2seq",
+                self.cfg.tokenizer.max_prompt_length,
+                sc.max_target_length,
+                self.device,
+            )
+            opt.zero_grad(set_to_none=True)
+            with self._autocast():
+                loss = sft_loss(self.policy.lm, self.kind == "seq2seq", batch)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(
+                self.policy.lm.parameters(), self.cfg.algorithm.max_grad_norm * 2
+            )
+            opt.step()
+            self.sft_step = step + 1
+            done_here += 1
+            self.events.metrics(self.sft_step, {"sft/loss": float(loss), "sft/grad_norm": float(gnorm)})
+            elapsed = time.perf_counter() - t_start
+            eta = elapsed / done_here * (total - self.sft_step)
+            self.events.progress(self.sft_step, total, eta, "sft")
+        self.sft_done = True
+        return True
+
+    # ----------------------------------------------------------------- RL
+    def _eval(self, step: int) -> dict[str, float]:
+        from engine.evaluation import generate_texts, score_generations
+
+        samples = self._eval_samples()
+        gens = generate_texts(
+            self.policy.lm,
+            self.policy.is_seq2seq,
+            self.tokenizer,
+            [s.prompt for s in samples],
+            self.cfg.eval.generation,
+            self.cfg.tokenizer.max_prompt_length,
+            self.device,
+            self.amp,
+            seed=_mix(self.cfg.train.seed, step, 99),
+            decoder_start_id=self.policy.decoder_start_id,
+        )
+        corpus, rows = score_generations(samples, gens, self.reward_fn, list(self.cfg.eval.metrics))
+        values = {f"eval/{k}": v for k, v in corpus.items()}
+        self.events.metrics(step, values)
+        self.events.samples(step, self.cfg.eval.split, rows[: max(self.cfg.train.log_samples, 0)] or rows[:0])
+        self.last_eval = values
+        return values
+
+    def rl_iteration(self) -> dict[str, float]:
+        from engine.algorithms.ppo import explained_variance, gae, kl_shaped_rewards, masked_mean, whiten
+        from engine.rollout import SamplingSpec, collect
+
+        cfg = self.cfg
+        it = self.iteration
+        t0 = time.perf_counter()
+        self.algo.on_iteration_start(it, self.policy)
+        spec = SamplingSpec.from_config(
+            cfg.rollout,
+            self.tokenizer.eos_token_id,
+            cfg.algorithm.nlpo if getattr(self.algo, "uses_masking_policy", False) else None,
+        )
+        gen = torch.Generator(device=self.device).manual_seed(_mix(cfg.train.seed, it, 1))
+        timings: dict[str, float] = {}
+        samples = self._prompts_for(it)
+        batch = collect(
+            self.policy,
+            self.ref_lm,
+            self.tokenizer,
+            samples,
+            spec,
+            cfg.tokenizer.max_prompt_length,
+            cfg.rollout.batch_size,
+            self.device,
+            generator=gen,
+            masking_lm=self.algo.masking_model(),
+            autocast_dtype=self.amp,
+            timings=timings,
+        )
+        t_reward = time.perf_counter()
+        scores = self.reward_fn(batch.prompts, batch.generations, batch.references, batch.meta)
+        task_r = torch.tensor([float(s) for s in scores], dtype=torch.float32, device=self.device)
+        timings["reward"] = time.perf_counter() - t_reward
+        beta = float(self.kl_ctl.value)
+        mask = batch.gen_mask
+        rewards, kl = kl_shaped_rewards(task_r, batch.logprobs, batch.ref_logprobs, mask, beta)
+        seq_kl = kl.sum(1)
+        adv, ret = gae(rewards, batch.values, mask, cfg.algorithm.gamma, cfg.algorithm.gae_lambda)
+        if cfg.algorithm.whiten_advantages:
+            adv = whiten(adv, mask)
+        t_update = time.perf_counter()
+        shuffle = torch.Generator().manual_seed(_mix(cfg.train.seed, it, 2))
+        stats = self.algo.update(
+            self.policy,
+            self.optimizer,
+            batch,
+            advantages=adv,
+            returns=ret,
+            generator=shuffle,
+            temperature=spec.temperature,
+            autocast_dtype=self.amp,
+            scaler=self.scaler,
+        )
+        timings["update"] = time.perf_counter() - t_update
+        self.kl_ctl.update(float(seq_kl.mean()), len(batch))
+        self.iteration = it + 1
+        lengths = mask.sum(1)
+        metrics = {
+            "train/reward_mean": float(task_r.mean()),
+            "train/reward_std": float(task_r.std(unbiased=False)),
+            "train/kl": float(seq_kl.mean()),
+            "train/kl_coef": beta,
+            "train/episode_length": float(lengths.mean()),
+            "train/shaped_return": float(rewards.sum(1).mean()),
+            "value/mean": float(masked_mean(batch.values, mask)),
+            "value/explained_var": explained_variance(batch.values, ret, mask),
+            **stats,
+            "time/generate_s": timings.get("generate", 0.0),
+            "time/score_s": timings.get("score", 0.0),
+            "time/reward_s": timings.get("reward", 0.0),
+            "time/update_s": timings.get("update", 0.0),
+            "time/iteration_s": time.perf_counter() - t0,
+        }
+        self.events.metrics(self.iteration, metrics)
+        n_log = min(cfg.train.log_samples, len(batch))
+        if n_log:
+            rows = [
+                {
+                    "sample_id": batch.ids[i],
+                    "prompt": batch.prompts[i],
+                    "generation": batch.generations[i],
+                    "references": batch.references[i],
+                    "reward": float(scores[i]),
+                }
+                for i in range(n_log)
+            ]
+            self.events.samples(self.iteration, "train", rows)
+        return metrics
+
+    # ----------------------------------------------------------------- main
+    def run(self) -> dict[str, Any]:
+        from engine.kl import build_kl_controller
+
+        cfg = self.cfg
+        self.events.run_started(cfg.to_dict(), str(self.run_dir))
+        resume_state = None
+        if self.resume_from:
+            ck = latest_checkpoint(self.run_dir)
+            if ck is None:
+                self.events.log(f"no checkpoint in {self.run_dir}; starting from scratch")
+            else:
+                resume_state = self.load_checkpoint(ck)
+                self.run_sink.truncate_after(self.iteration)
+                self.events.log(f"resumed from {ck}")
+        self.algo.setup(self.policy) if hasattr(self.algo, "setup") else None
+        stopped = False
+        if self.wants_sft and not self.sft_done:
+            ok = self.run_sft(resume_state if resume_state and resume_state["phase"] == "sft" else None)
+            if not ok:
+                return self._finish(stopped=True)
+        if self.wants_rl:
+            if getattr(self.algo, "uses_masking_policy", False):
+                self.algo.setup(self.policy)  # masking policy starts as the (warm-started) policy
+            self.reward_fn = build_reward_fn(cfg)
+            self._setup_reference()
+            self.kl_ctl = build_kl_controller(cfg.kl)
+            self.optimizer = self._make_rl_optimizer()
+            if resume_state is not None and resume_state["phase"] == "rl":
+                if resume_state.get("optimizer") is not None:
+                    self.optimizer.load_state_dict(resume_state["optimizer"])
+                if resume_state.get("kl") is not None:
+                    self.kl_ctl.load_state_dict(resume_state["kl"])
+                self.algo.load_state_dict(resume_state.get("algorithm") or {})
+                if self.scaler is not None and resume_state.get("scaler") is not None:
+                    self.scaler.load_state_dict(resume_state["scaler"])
+                _set_rng_state(resume_state["rng"])
+            total = cfg.train.n_iters
+            t_start = time.perf_counter()
+            start_it = self.iteration
+            while self.iteration < total:
+                if self.should_stop():
+                    stopped = True
+                    break
+                self.history.append(self.rl_iteration())
+                done = self.iteration - start_it
+                eta = (time.perf_counter() - t_start) / done * (total - self.iteration)
+                self.events.progress(self.iteration, total, eta, "rl")
+                if cfg.train.eval_every > 0 and self.iteration % cfg.train.eval_every == 0:
+                    self._eval(self.iteration)
+                last = self.iteration == total
+                if cfg.train.save_every > 0 and self.iteration % cfg.train.save_every == 0 and not last:
+                    self.save_checkpoint("rl")
+            if stopped:
+                self.save_checkpoint("rl")
+                return self._finish(stopped=True)
+            if cfg.train.eval_every == 0 or self.iteration % cfg.train.eval_every != 0:
+                self._eval(self.iteration)
+            self.save_checkpoint("rl")
+        else:
+            self.reward_fn = build_reward_fn(cfg)
+            self._eval(self.iteration)
+            self.save_checkpoint("sft")
+        return self._finish(stopped=False)
+
+    def _finish(self, stopped: bool) -> dict[str, Any]:
+        model_dir = None
+        if not stopped and self.cfg.train.save_final_model:
+            model_dir = self.run_dir / "model"
+            self.save_model(model_dir)
+        summary: dict[str, Any] = {
+            "run_dir": str(self.run_dir),
+            "stopped": stopped,
+            "iterations": self.iteration,
+            "sft_steps": self.sft_step,
+            "model_dir": str(model_dir) if model_dir else None,
+            "final_metrics": self.history[-1] if self.history else {},
+            "eval": self.last_eval,
+        }
+        self.events.finished(summary)
+        return summary
+
+    def save_model(self, out: Path) -> None:
+        """HF format (``from_pretrained`` works) plus the value head, for reuse as a warm start."""
+        from safetensors.torch import save_file
+
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.policy.lm.save_pretrained(str(tmp))
+        self.tokenizer.save_pretrained(str(tmp))
+        save_file(
+            {k: v.contiguous() for k, v in self.policy.value_head.state_dict().items()},
+            str(tmp / "value_head.safetensors"),
+        )
+        shutil.rmtree(out, ignore_errors=True)
+        os.rename(tmp, out)
+
+
+def _oom_hint(cfg: RunConfig) -> str:
+    return (
+        "out of memory: reduce rollout.batch_size (now "
+        f"{cfg.rollout.batch_size}), algorithm.minibatch_size (now {cfg.algorithm.minibatch_size}) with "
+        "algorithm.grad_accumulation to keep the effective batch, train.prompts_per_iter, "
+        "rollout.max_new_tokens or tokenizer.max_prompt_length; or enable model.gradient_checkpointing"
+    )
+
+
+def train(
+    config: RunConfig | dict[str, Any],
+    sink: Any = None,
+    should_stop: Any = None,
+    resume_from: str | None = None,
+) -> dict[str, Any]:
+    """Run a config end to end; with ``resume_from`` continue the run directory's latest checkpoint."""
+    cfg = parse_config(config)
+    if resume_from:
+        run_dir = Path(resume_from)
+        if not run_dir.is_dir():
+            raise FileNotFoundError(f"run directory to resume not found: {run_dir}")
+    elif cfg.train.output_dir:
+        run_dir = Path(cfg.train.output_dir)
+    else:
+        run_dir = default_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_sink = RunDirSink(run_dir)
+    events = MultiSink(run_sink, sink)
+    try:
+        trainer = Trainer(cfg, events, run_dir, run_sink, should_stop=should_stop, resume_from=resume_from)
+        return trainer.run()
+    except torch.OutOfMemoryError as exc:
+        msg = _oom_hint(cfg)
+        events.failed(msg, tb.format_exc())
+        raise OutOfMemoryHint(msg) from exc
+    except Exception as exc:
+        events.failed(f"{type(exc).__name__}: {exc}", tb.format_exc())
+        raise
