@@ -4,6 +4,7 @@ so that the site starts while they are being built."""
 from __future__ import annotations
 
 import importlib.util
+import posixpath
 from pathlib import Path
 
 import plotly
@@ -40,7 +41,8 @@ def plotly_js(request: HttpRequest) -> FileResponse:
 def static_file(request: HttpRequest, path: str) -> FileResponse:
     """Serve static files from the app dirs in every mode (daphne does not); fine for one machine.
     Production deployments may put a reverse proxy in front (see docs/deploy.md)."""
-    found = finders.find(path)
+    clean = posixpath.normpath(path).lstrip("/")
+    found = finders.find(clean) if clean and not clean.startswith("..") else None
     if not found:
         raise Http404(path)
     import mimetypes

@@ -217,12 +217,18 @@ def _queue(run: Run) -> None:
 
 
 def _publish(run_id: int) -> None:
+    from webapp.celery import app
     from webapp.runs.tasks import execute_run
 
     try:
-        result = execute_run.apply_async(args=[run_id], queue=run_queue(), retry=False)
+        # A fresh connection per launch: a broker outage shows up here, fast, instead of in a
+        # pooled connection's retry loop.
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, interval_max=0.5)
+            result = execute_run.apply_async(args=[run_id], queue=run_queue(), retry=False, connection=conn)
     except Exception as exc:  # noqa: BLE001 - kombu/redis raise many types for "broker down"
-        msg = f"Could not reach the task broker ({settings.CELERY_BROKER_URL.split('@')[-1]}): {exc}"
+        where = str(app.conf.broker_url or "").split("@")[-1]
+        msg = f"Could not reach the task broker ({where}): {exc}"
         Run.objects.filter(pk=run_id).update(status=RunStatus.DRAFT, error=msg, queued_at=None)
         run = Run.objects.get(pk=run_id)
         log.error("enqueue of run %s failed: %s", run_id, exc)

@@ -1,0 +1,302 @@
+"""Shared fixtures for the whole suite: users of each role, logged-in clients, a REAL Celery
+worker process and a REAL daphne server against pytest-django's test database, and ``wait_for``.
+
+Another process only sees committed rows: tests that use ``celery_worker`` or ``asgi_server``
+must be ``@pytest.mark.django_db(transaction=True)``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for_condition(
+    cond: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``cond`` until it returns a truthy value (returned) or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = cond()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - retried until the deadline
+            last_exc = exc
+        if time.monotonic() > deadline:
+            msg = f"timed out after {timeout}s waiting for {what or getattr(cond, '__name__', 'condition')}"
+            if last_exc is not None:
+                msg += f" (last error: {last_exc!r})"
+            raise AssertionError(msg)
+        time.sleep(interval)
+
+
+@pytest.fixture
+def wait_for() -> Callable[..., Any]:
+    """``wait_for(cond, timeout=30, interval=0.05, what="")``: poll until truthy, else fail."""
+    return wait_for_condition
+
+
+# --------------------------------------------------------------------------- users
+
+
+def _make_user(username: str, group: str | None, superuser: bool = False) -> Any:
+    from django.contrib.auth.models import Group, User
+
+    if superuser:
+        user = User.objects.create_superuser(username, f"{username}@example.org", "pw-" + username + "-123")
+    else:
+        user = User.objects.create_user(username, f"{username}@example.org", "pw-" + username + "-123")
+    if group:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    return user
+
+
+@pytest.fixture
+def researcher(db: Any) -> Any:
+    return _make_user("rita", "researcher")
+
+
+@pytest.fixture
+def annotator(db: Any) -> Any:
+    return _make_user("ann", "annotator")
+
+
+@pytest.fixture
+def admin(db: Any) -> Any:
+    return _make_user("root", None, superuser=True)
+
+
+@pytest.fixture
+def nobody(db: Any) -> Any:
+    """A logged-in user without any role."""
+    return _make_user("nobody", None)
+
+
+def user_password(user: Any) -> str:
+    return "pw-" + user.username + "-123"
+
+
+@pytest.fixture
+def password_of() -> Callable[[Any], str]:
+    """The password of a fixture user (for real logins through the form or a browser)."""
+    return user_password
+
+
+@pytest.fixture
+def researcher_client(client: Any, researcher: Any) -> Any:
+    client.force_login(researcher)
+    return client
+
+
+@pytest.fixture
+def annotator_client(client: Any, annotator: Any) -> Any:
+    client.force_login(annotator)
+    return client
+
+
+@pytest.fixture
+def admin_user_client(client: Any, admin: Any) -> Any:
+    client.force_login(admin)
+    return client
+
+
+# --------------------------------------------------------------------------- subprocesses
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _subprocess_env(test_db_name: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "webapp.settings"
+    env["GRUE_TEST_DB_NAME"] = test_db_name
+    env.setdefault("GRUE_HEARTBEAT_INTERVAL", "0.5")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    """A real ``celery -A webapp worker`` on its own queue, stopped (or killed) by the test."""
+
+    def __init__(
+        self,
+        test_db_name: str,
+        runs_dir: Path,
+        queue: str | None = None,
+        name: str | None = None,
+        extra_env: dict[str, str] | None = None,
+    ):
+        self.queue = queue or f"test-{uuid.uuid4().hex[:10]}"
+        self.name = name or f"{self.queue}@{socket.gethostname()}"
+        self.log_path = runs_dir / f"worker-{self.queue}-{uuid.uuid4().hex[:4]}.log"
+        env = _subprocess_env(test_db_name, GRUE_RUNS_DIR=str(runs_dir), **(extra_env or {}))
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "webapp",
+                "worker",
+                "--pool=solo",
+                "--concurrency=1",
+                "-Q",
+                self.queue,
+                "-n",
+                self.name,
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel=INFO",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for_condition(self._ready, timeout=90, interval=0.2, what=f"celery worker {self.name} ready")
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"celery worker exited with {self.proc.returncode}:\n{self.log()}")
+        return "ready." in self.log_path.read_text(errors="replace")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL, like an OOM kill or a pulled plug: no cleanup code runs."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def test_db_name(django_db_setup: Any, django_db_blocker: Any) -> str:
+    from django.db import connection
+
+    return connection.settings_dict["NAME"]
+
+
+@pytest.fixture(scope="session")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("grue-runs")
+
+
+@pytest.fixture(scope="session")
+def worker_factory(test_db_name: str, runs_dir: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start extra workers (e.g. one to kill): ``worker_factory(queue=None, name=None)``."""
+    started: list[WorkerProcess] = []
+
+    def start(**kwargs: Any) -> WorkerProcess:
+        w = WorkerProcess(test_db_name, runs_dir, **kwargs)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+@pytest.fixture(scope="session")
+def _session_worker(worker_factory: Callable[..., WorkerProcess]) -> WorkerProcess:
+    return worker_factory()
+
+
+@pytest.fixture
+def celery_worker(_session_worker: WorkerProcess, settings: Any) -> WorkerProcess:
+    """A real Celery worker process (session-wide) whose queue launches in this test go to."""
+    if _session_worker.proc.poll() is not None:
+        pytest.fail(f"the session's celery worker died:\n{_session_worker.log()}")
+    settings.CELERY_TASK_DEFAULT_QUEUE = _session_worker.queue
+    return _session_worker
+
+
+class AsgiServer:
+    """A real daphne serving ``webapp.asgi:application`` on a free loopback port."""
+
+    def __init__(self, test_db_name: str, runs_dir: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}"
+        self.log_path = runs_dir / f"daphne-{self.port}.log"
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "webapp.asgi:application",
+            ],
+            cwd=ROOT,
+            env=_subprocess_env(test_db_name, GRUE_RUNS_DIR=str(runs_dir)),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for_condition(self._ready, timeout=60, interval=0.2, what="daphne listening")
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"daphne exited with {self.proc.returncode}:\n{self.log()}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def asgi_server(test_db_name: str, runs_dir: Path) -> Iterator[AsgiServer]:
+    """daphne in a subprocess against the test database (``.url``, ``.ws_url``); for browser tests.
+    Use with ``django_db(transaction=True)`` so the server sees the test's rows."""
+    server = AsgiServer(test_db_name, runs_dir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_runs_dir(settings: Any, runs_dir: Path) -> None:
+    settings.RUNS_DIR = runs_dir

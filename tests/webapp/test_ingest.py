@@ -1,0 +1,109 @@
+"""Bulk metric ingestion: COPY into a temp table + INSERT … ON CONFLICT DO NOTHING."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from django.db import connection
+
+from webapp.runs import queries, services
+from webapp.runs.models import MetricPoint, Run
+from webapp.runs.tasks import DbSink
+
+
+@pytest.fixture
+def run(db):
+    return Run.objects.create(name="ingest", config={})
+
+
+def test_bulk_copy_inserts_everything_and_returns_cursor_ids(run):
+    pts = [(f"k{i % 5}", i // 5, i * 0.5) for i in range(20_000)]
+    res = services.ingest_metrics(run.pk, pts)
+    assert res.received == 20_000 and len(res.inserted) == 20_000 and res.duplicates == 0
+    ids = [r[0] for r in res.inserted]
+    assert ids == sorted(ids) and len(set(ids)) == 20_000
+    assert MetricPoint.objects.filter(run=run).count() == 20_000
+    assert MetricPoint.objects.get(run=run, key="k3", step=10).value == pytest.approx((10 * 5 + 3) * 0.5)
+
+
+def test_replayed_batches_are_idempotent(run):
+    batch = [("train/kl", s, s / 10) for s in range(100)]
+    first = services.ingest_metrics(run.pk, batch)
+    again = services.ingest_metrics(run.pk, batch)
+    assert len(first.inserted) == 100 and again.inserted == [] and again.duplicates == 100
+    # a replay that overlaps with new steps stores only the new ones; first value wins
+    mixed = services.ingest_metrics(run.pk, [("train/kl", 99, 123.0), ("train/kl", 100, 10.0)])
+    assert [(k, s, v) for _i, k, s, v in mixed.inserted] == [("train/kl", 100, 10.0)]
+    assert MetricPoint.objects.get(run=run, key="train/kl", step=99).value == pytest.approx(9.9)
+    assert MetricPoint.objects.filter(run=run).count() == 101
+
+
+def test_duplicates_inside_one_batch_and_special_values(run):
+    res = services.ingest_metrics(
+        run.pk, [("a", 1, 1.0), ("a", 1, 2.0), ("b", 1, float("nan")), ("c", 1, float("inf")), ("d", 1, None)]
+    )
+    assert len(res.inserted) == 4
+    vals = dict(MetricPoint.objects.filter(run=run).values_list("key", "value"))
+    assert vals["a"] == 1.0 and math.isnan(vals["b"]) and vals["c"] == math.inf and vals["d"] is None
+    # the live/export path turns non-finite values into null
+    assert {p["key"]: p["value"] for p in queries.metrics_after(run.pk, 0)} == {
+        "a": 1.0,
+        "b": None,
+        "c": None,
+        "d": None,
+    }
+
+
+def test_failed_batch_rolls_back_and_retry_creates_no_duplicates(transactional_db):
+    # committed transactions: the foreign key is checked at commit, as in production
+    run = Run.objects.create(name="ingest", config={})
+    good = [("x", s, float(s)) for s in range(50)]
+    with pytest.raises(Exception):  # noqa: B017 - any DB error: the run id does not exist
+        services.ingest_metrics(run.pk + 10_000, good)
+    assert MetricPoint.objects.count() == 0
+    services.ingest_metrics(run.pk, good[:30])  # partial success, then the whole batch is retried
+    services.ingest_metrics(run.pk, good)
+    assert MetricPoint.objects.filter(run=run).count() == 50
+    # the temp table is per transaction: nothing is left behind between batches
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT to_regclass('pg_temp._grue_metric_in') IS NULL OR "
+            "(SELECT count(*) FROM _grue_metric_in) = 0"
+        )
+        assert cur.fetchone()[0]
+
+
+def test_db_sink_batches_and_keeps_last_values(run):
+    sink = DbSink(run.pk, batch_points=1000, max_delay=3600, broadcast_enabled=False)
+    for step in range(10):
+        sink.metrics(step, {"train/reward_mean": step * 1.0, "train/kl": 0.1})
+    assert MetricPoint.objects.filter(run=run).count() == 0  # still buffered
+    sink.progress(10, 10, 0.0)  # any other event flushes first, keeping event order
+    assert MetricPoint.objects.filter(run=run).count() == 20
+    run.refresh_from_db()
+    assert run.last_metrics == {"train/reward_mean": 9.0, "train/kl": 0.1}
+    assert run.progress == 1.0 and run.current_iter == 10
+    sink.samples(
+        3,
+        "train",
+        [{"prompt": "p", "generation": "g", "references": "r", "reward": 0.3, "metrics": {"m": 1}}],
+    )
+    s = run.samples.get()
+    assert s.references == ["r"] and s.metrics == {"m": 1.0} and s.reward == pytest.approx(0.3)
+
+
+def test_downsampling_keeps_peaks_and_zoom_gives_full_resolution(run):
+    n = 100_000
+    pts = [("loss", s, math.sin(s / 1000.0)) for s in range(n)]
+    pts[54_321] = ("loss", 54_321, 50.0)  # one spike
+    pts[77_777] = ("loss", 77_777, -40.0)  # one dip
+    services.ingest_metrics(run.pk, pts, returning=False)
+    s = queries.metric_series(run.pk, "loss", max_points=1000)
+    assert s["downsampled"] and s["total"] == n and len(s["x"]) <= 1000
+    assert max(s["y"]) == 50.0 and 54_321 in s["x"]
+    assert min(s["y"]) == -40.0 and 77_777 in s["x"]
+    assert s["x"][0] == 0 and s["x"][-1] == n - 1 and s["x"] == sorted(s["x"])
+    z = queries.metric_series(run.pk, "loss", max_points=1000, x0=54_000, x1=54_500)
+    assert not z["downsampled"] and z["x"] == list(range(54_000, 54_501))
+    assert z["y"][321] == 50.0

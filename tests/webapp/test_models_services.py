@@ -1,0 +1,284 @@
+"""Run lifecycle services against the real PostgreSQL and Redis broker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+
+from webapp.celery import app as celery_app
+from webapp.runs import queries, services
+from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus, Sample
+
+TINY = {
+    "name": "tiny",
+    "model": {"name_or_path": "builtin:tiny-gpt2"},
+    "task": {"id": "synthetic_increasing_numbers"},
+    "reward": {"id": "increasing_numbers"},
+    "train": {"n_iters": 2, "prompts_per_iter": 4},
+}
+
+
+@pytest.fixture
+def scratch_queue(settings):
+    """Launches in these tests go to a queue no worker reads; it is deleted afterwards."""
+    queue = f"scratch-{uuid.uuid4().hex[:8]}"
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    yield queue
+    redis.Redis.from_url(settings.REDIS_URL).delete(queue)
+
+
+def queued_messages(queue: str) -> list[dict]:
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    return [json.loads(m) for m in r.lrange(queue, 0, -1)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_launch_validates_saves_and_enqueues_after_commit(researcher, scratch_queue):
+    run = services.launch_run(TINY, user=researcher, tags="smoke, tiny,smoke", project="demo")
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    assert run.tags == ["smoke", "tiny"]
+    assert run.project.name == "demo"
+    assert (run.algorithm, run.task, run.model_name) == (
+        "ppo",
+        "synthetic_increasing_numbers",
+        "builtin:tiny-gpt2",
+    )
+    # defaults were filled in by the engine's schema
+    assert run.config["algorithm"]["clip_range"] == 0.2
+    msgs = queued_messages(scratch_queue)
+    assert len(msgs) == 1
+    assert msgs[0]["headers"]["task"] == "webapp.runs.tasks.execute_run"
+    assert msgs[0]["headers"]["id"] == run.task_id
+    assert json.dumps([run.pk]) in __import__("base64").b64decode(msgs[0]["body"]).decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_invalid_config_saves_nothing_and_names_fields(researcher, scratch_queue):
+    bad = {**TINY, "train": {"n_iters": -1}, "rollout": {"temperature": 0}, "typo": 1}
+    with pytest.raises(services.ConfigInvalid) as exc:
+        services.launch_run(bad, user=researcher)
+    fields = exc.value.field_errors
+    assert set(fields) == {"train.n_iters", "rollout.temperature", "typo"}
+    assert fields["typo"] == ["unknown key"]
+    assert Run.objects.count() == 0
+    assert queued_messages(scratch_queue) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_broker_down_keeps_run_as_retryable_draft(researcher, scratch_queue):
+    good_url = celery_app.conf.broker_url
+    celery_app.conf.broker_url = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    try:
+        with pytest.raises(services.BrokerUnavailable) as exc:
+            services.launch_run(TINY, user=researcher)
+    finally:
+        celery_app.conf.broker_url = good_url
+    assert "broker" in str(exc.value)
+    run = Run.objects.get()
+    assert run.status == RunStatus.DRAFT
+    assert "Could not reach the task broker" in run.error
+    # the broker is back: retry queues the same run, nothing lost
+    again = services.retry_run(run)
+    assert again.pk == run.pk
+    assert again.status == RunStatus.QUEUED and again.error == ""
+    assert len(queued_messages(scratch_queue)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_queued_run_is_immediate_and_cancel_twice_is_an_error(researcher, scratch_queue):
+    run = services.launch_run(TINY, user=researcher)
+    run = services.cancel_run(run)
+    assert run.status == RunStatus.CANCELLED and run.cancel_requested
+    with pytest.raises(services.InvalidState):
+        services.cancel_run(run)
+
+
+@pytest.mark.django_db
+def test_cancel_running_run_sets_cooperative_flag(researcher):
+    run = services.create_run(TINY, user=researcher)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING)
+    run = services.cancel_run(run)
+    assert run.status == RunStatus.RUNNING and run.cancel_requested
+
+
+@pytest.mark.django_db(transaction=True)
+def test_clone_retry_delete(researcher, scratch_queue):
+    run = services.create_run(TINY, user=researcher, tags=["a"], notes="n")
+    clone = services.clone_run(run, config={**TINY, "train": {"n_iters": 3}})
+    assert clone.cloned_from_id == run.pk and clone.status == RunStatus.DRAFT
+    assert clone.config["train"]["n_iters"] == 3 and clone.tags == ["a"]
+    # a finished run with data is retried as a new run so curves never mix
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.FAILED, started_at=run.created)
+    services.ingest_metrics(run.pk, [("train/kl", 0, 0.1)])
+    new = services.retry_run(run)
+    assert new.pk != run.pk and new.cloned_from_id == run.pk and new.status == RunStatus.QUEUED
+    with pytest.raises(services.InvalidState):
+        services.delete_run(new)  # queued: cancel first
+    services.delete_run(run)
+    assert not Run.objects.filter(pk=run.pk).exists()
+    assert MetricPoint.objects.filter(run_id=run.pk).count() == 0
+
+
+@pytest.mark.django_db
+def test_resume_needs_a_checkpoint(researcher, tmp_path):
+    run = services.create_run(TINY, user=researcher)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.LOST, run_dir=str(tmp_path))
+    with pytest.raises(services.InvalidState, match="no checkpoint"):
+        services.resume_run(run)
+    Checkpoint.objects.create(run=run, step=1, path=str(tmp_path / "checkpoints" / "step-1"))
+    with pytest.MonkeyPatch.context() as mp:
+        published = []
+        mp.setattr(services, "_publish", published.append)
+        from django.db import transaction
+
+        with transaction.atomic():
+            services.resume_run(run)
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED and run.resume_from == str(tmp_path)
+
+
+@pytest.mark.django_db
+def test_mark_lost_runs_by_heartbeat_age_and_by_restarted_host(researcher):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    old = services.create_run(TINY, user=researcher)
+    fresh = services.create_run(TINY, user=researcher)
+    other_host = services.create_run(TINY, user=researcher)
+    now = timezone.now()
+    Run.objects.filter(pk=old.pk).update(
+        status=RunStatus.RUNNING, heartbeat_at=now - timedelta(minutes=5), worker_host="w1"
+    )
+    Run.objects.filter(pk=fresh.pk).update(status=RunStatus.RUNNING, heartbeat_at=now, worker_host="w1")
+    Run.objects.filter(pk=other_host.pk).update(status=RunStatus.RUNNING, heartbeat_at=now, worker_host="w2")
+    assert services.mark_lost_runs(older_than=60) == [old.pk]
+    assert Run.objects.get(pk=old.pk).status == RunStatus.LOST
+    assert "heartbeat" in Run.objects.get(pk=old.pk).error
+    assert services.mark_lost_runs(worker_host="w1") == [fresh.pk]
+    assert Run.objects.get(pk=other_host.pk).status == RunStatus.RUNNING
+
+
+@pytest.mark.django_db
+def test_check_path_stays_inside_allowed_roots(tmp_path, settings):
+    settings.ALLOWED_ROOTS = [tmp_path]
+    inside = tmp_path / "a" / "b"
+    inside.mkdir(parents=True)
+    assert services.check_path(inside) == inside
+    with pytest.raises(services.PathNotAllowed):
+        services.check_path(tmp_path / ".." / "etc")
+    (tmp_path / "link").symlink_to("/etc")
+    with pytest.raises(services.PathNotAllowed):
+        services.check_path(tmp_path / "link" / "passwd")
+
+
+@pytest.mark.django_db
+def test_import_cli_run_directory(researcher, tmp_path, settings):
+    settings.ALLOWED_ROOTS = [tmp_path]
+    d = tmp_path / "run-1"
+    (d / "checkpoints" / "step-2").mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(TINY))
+    with (d / "metrics.jsonl").open("w") as fh:
+        for step in range(3):
+            fh.write(
+                json.dumps({"step": step, "train/reward_mean": step / 10, "train/kl": 0.01 * step}) + "\n"
+            )
+        fh.write(json.dumps({"step": 2, "metrics": {"eval/rouge": 0.5}}) + "\n")
+    with (d / "samples.jsonl").open("w") as fh:
+        fh.write(
+            json.dumps(
+                {
+                    "step": 2,
+                    "split": "validation",
+                    "prompt": "1 2",
+                    "generation": "3 4",
+                    "references": ["3"],
+                    "reward": 1.0,
+                }
+            )
+            + "\n"
+        )
+    run = services.import_run_dir(d, user=researcher)
+    assert run.status == RunStatus.SUCCEEDED
+    assert MetricPoint.objects.filter(run=run).count() == 7
+    assert run.last_metrics["train/reward_mean"] == pytest.approx(0.2)
+    assert queries.metric_series(run.pk, "train/kl")["y"] == pytest.approx([0.0, 0.01, 0.02])
+    s = Sample.objects.get(run=run)
+    assert (s.split, s.generation, s.references) == ("validation", "3 4", ["3"])
+    assert run.checkpoints.get().step == 2
+    # bad lines are reported with file and line
+    (d / "metrics.jsonl").write_text('{"step": 1, "a": 1}\n{oops\n')
+    with pytest.raises(services.ServiceError, match=r"metrics.jsonl: line 2"):
+        services.import_run_dir(d, user=researcher)
+    with pytest.raises(services.PathNotAllowed):
+        services.import_run_dir("/etc", user=researcher)
+
+
+@pytest.mark.django_db
+def test_run_table_filters_sort_pagination_and_metric_columns(researcher):
+    runs = []
+    for i in range(30):
+        cfg = {**TINY, "algorithm": {"id": "nlpo" if i % 3 == 0 else "ppo"}}
+        r = services.create_run(
+            cfg, user=researcher, name=f"run {i}", tags=["even"] if i % 2 == 0 else ["odd"]
+        )
+        services.update_last_metrics(r.pk, {"train/reward_mean": float(i % 7)})
+        runs.append(r)
+    Run.objects.filter(pk=runs[5].pk).update(status=RunStatus.FAILED)
+    t = queries.run_table({"algorithm": "nlpo", "per_page": "4", "page": "2"})
+    assert t.total == 10 and t.pages == 3 and len(t.rows) == 4
+    assert all(r.algorithm == "nlpo" for r in t.rows)
+    t = queries.run_table({"tag": "odd", "status": "failed"})
+    assert [r.pk for r in t.rows] == [runs[5].pk]
+    t = queries.run_table({"sort": "-metric:train/reward_mean", "per_page": "5"})
+    vals = [t.metric_value(r, "train/reward_mean") for r in t.rows]
+    assert vals == [6.0, 6.0, 6.0, 6.0, 5.0]
+    t = queries.run_table({"q": "run 1", "sort": "name"})
+    assert [r.name for r in t.rows] == ["run 1"] + [f"run {i}" for i in range(10, 20)]
+    assert "nlpo" in t.facets["algorithm"] and "even" in t.facets["tag"]
+    # an unknown sort falls back to newest first
+    assert queries.run_table({"sort": "drop table"}).sort == "-created"
+
+
+@pytest.mark.django_db
+def test_config_diff_final_metrics_and_side_by_side(researcher):
+    a = services.create_run(TINY, user=researcher, name="a")
+    b = services.create_run(
+        {**TINY, "algorithm": {"id": "ppo", "learning_rate": 3e-5}}, user=researcher, name="b"
+    )
+    diff = {d["key"]: d["values"] for d in queries.config_diff([a, b])}
+    assert diff == {"name": ["a", "b"], "algorithm.learning_rate": [1e-5, 3e-5]}
+    services.update_last_metrics(a.pk, {"eval/x": 1.0})
+    a.refresh_from_db()
+    fm = queries.final_metrics([a, b])
+    assert fm["keys"] == ["eval/x"] and fm["rows"][1]["values"] == {"eval/x": None}
+    for run, gen in ((a, "g-a"), (b, "g-b")):
+        services.ingest_samples(
+            run.pk, 1, "validation", [{"prompt": "p", "generation": "old", "sample_id": "s1"}]
+        )
+        services.ingest_samples(
+            run.pk,
+            2,
+            "validation",
+            [{"prompt": "p", "generation": gen, "sample_id": "s1", "reward": 0.5, "references": ["r"]}],
+        )
+    rows = queries.samples_side_by_side([a, b])
+    assert len(rows) == 1
+    assert rows[0]["by_run"][a.pk]["generation"] == "g-a" and rows[0]["by_run"][b.pk]["generation"] == "g-b"
+
+
+@pytest.mark.django_db
+def test_exports(researcher):
+    r = services.create_run(TINY, user=researcher, name='quote "me", please')
+    services.ingest_metrics(r.pk, [("k", 0, 1.5), ("k", 1, float("nan"))])
+    text = "".join(queries.metrics_csv([r.pk]))
+    lines = text.strip().splitlines()
+    assert lines[0] == "run_id,run_name,key,step,value,time"
+    assert lines[1].startswith(f'{r.pk},"quote ""me"", please",k,0,1.5,')
+    data = json.loads(queries.metrics_json_text([r.pk]))
+    assert data["runs"][0]["metrics"]["k"] == [[0, 1.5], [1, None]]
