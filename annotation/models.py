@@ -1,0 +1,243 @@
+"""Rows of human evaluation: campaigns, items, assignments, judgments, reward models.
+
+Concurrency invariant (enforced in the database by ``services.next_item``): an item's
+``slots_taken`` counts its open assignments plus its judgments and never exceeds the campaign's
+``overlap``. Pairwise outcomes are stored in system terms ("a" = ``Item.system_a`` won), never in
+screen terms; the left/right placement shown to the annotator is stored on the assignment and the
+judgment so that position bias can be audited.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+
+class CampaignKind(models.TextChoices):
+    PAIRWISE = "pairwise", "pairwise (A vs B)"
+    LIKERT = "likert", "Likert (1–5 per axis)"
+
+
+class Pairing(models.TextChoices):
+    ALL_PAIRS = "all_pairs", "all pairs of systems"
+    VS_BASELINE = "vs_baseline", "every system against a baseline"
+
+
+class CampaignStatus(models.TextChoices):
+    DRAFT = "draft", "draft"
+    ACTIVE = "active", "active"
+    CLOSED = "closed", "closed"
+
+
+class Choice(models.TextChoices):
+    A = "a", "A better"
+    B = "b", "B better"
+    TIE = "tie", "tie"
+    BOTH_BAD = "both_bad", "both bad"
+
+
+DEFAULT_AXES = [
+    {
+        "name": "fluency",
+        "labels": [
+            "1 – incomprehensible",
+            "2 – many errors",
+            "3 – some errors",
+            "4 – minor slips",
+            "5 – perfectly fluent",
+        ],
+    },
+    {
+        "name": "relevance",
+        "labels": [
+            "1 – unrelated",
+            "2 – barely related",
+            "3 – partly on topic",
+            "4 – mostly on topic",
+            "5 – fully on topic",
+        ],
+    },
+]
+
+
+class Campaign(models.Model):
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=CampaignKind.choices, default=CampaignKind.PAIRWISE)
+    instructions = models.TextField(blank=True)
+    # Worked examples shown above the form: [{"prompt", "output" | ("left", "right"), "answer", "why"}].
+    examples = models.JSONField(default=list, blank=True)
+    # Likert axes: [{"name": str, "labels": [5 anchored labels, score 1..5]}].
+    axes = models.JSONField(default=list, blank=True)
+    overlap = models.PositiveIntegerField(default=3)
+    pairing = models.CharField(max_length=16, choices=Pairing.choices, default=Pairing.ALL_PAIRS)
+    baseline_system = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=16, choices=CampaignStatus.choices, default=CampaignStatus.DRAFT)
+    source = models.CharField(max_length=16, default="runs")  # "runs" | "upload"
+    # System ids ("run:12" for runs, the uploaded id otherwise) and their researcher-facing labels.
+    systems = models.JSONField(default=list, blank=True)
+    system_labels = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="campaigns_created",
+    )
+    created = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def label(self, system: str) -> str:
+        return self.system_labels.get(system, system)
+
+
+class Membership(models.Model):
+    """An annotator admitted to a campaign (by invite link or added by a researcher)."""
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="annotation_memberships"
+    )
+    joined = models.DateTimeField(auto_now_add=True)
+    invite = models.ForeignKey("Invite", null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["campaign", "user"], name="membership_uniq")]
+
+
+def _token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+class Invite(models.Model):
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="invites")
+    token = models.CharField(max_length=64, unique=True, default=_token)
+    max_uses = models.PositiveIntegerField(null=True, blank=True)
+    uses = models.PositiveIntegerField(default=0)
+    active = models.BooleanField(default=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created = models.DateTimeField(auto_now_add=True)
+
+
+class Item(models.Model):
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="items")
+    order = models.PositiveIntegerField(default=0)
+    key = models.CharField(max_length=300, blank=True)  # prompt identity (sample id or prompt hash)
+    prompt = models.TextField()
+    references = models.JSONField(default=list, blank=True)
+    system_a = models.CharField(max_length=200)
+    output_a = models.TextField()
+    system_b = models.CharField(max_length=200, blank=True)  # empty for Likert items
+    output_b = models.TextField(blank=True)
+    # Automatic metric/reward values of each output ({name: value}), for metric–human agreement.
+    metrics_a = models.JSONField(default=dict, blank=True)
+    metrics_b = models.JSONField(default=dict, blank=True)
+    sample_a = models.ForeignKey(
+        "runs.Sample", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    sample_b = models.ForeignKey(
+        "runs.Sample", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Gold/attention items: a known answer ("a"/"b"/"tie"/"both_bad"); excluded from rankings.
+    gold = models.CharField(max_length=16, blank=True)
+    slots_taken = models.PositiveIntegerField(default=0)
+    judgment_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["order", "id"]
+        indexes = [models.Index(fields=["campaign", "slots_taken", "order"], name="item_next_idx")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(slots_taken__gte=0), name="item_slots_nonneg")
+        ]
+
+    @property
+    def is_gold(self) -> bool:
+        return bool(self.gold)
+
+
+class AssignmentStatus(models.TextChoices):
+    OPEN = "open", "open"
+    DONE = "done", "done"
+    SKIPPED = "skipped", "skipped"
+    EXPIRED = "expired", "expired"
+
+
+class Assignment(models.Model):
+    """An item handed to one annotator; its token must come back with the judgment."""
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="assignments")
+    item = models.ForeignKey(Item, on_delete=models.CASCADE, related_name="assignments")
+    annotator = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="assignments"
+    )
+    token = models.CharField(max_length=64, unique=True, default=_token)
+    left_is_a = models.BooleanField(default=True)
+    status = models.CharField(max_length=16, choices=AssignmentStatus.choices, default=AssignmentStatus.OPEN)
+    created = models.DateTimeField(auto_now_add=True)
+    served_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["item", "annotator"], name="assignment_item_annotator_uniq")
+        ]
+        indexes = [models.Index(fields=["campaign", "annotator", "status"], name="assign_camp_ann_idx")]
+
+
+class Judgment(models.Model):
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="judgments")
+    item = models.ForeignKey(Item, on_delete=models.CASCADE, related_name="judgments")
+    annotator = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="judgments"
+    )
+    assignment = models.OneToOneField(Assignment, on_delete=models.CASCADE, related_name="judgment")
+    choice = models.CharField(max_length=16, choices=Choice.choices, blank=True)  # pairwise, in system terms
+    left_is_a = models.BooleanField(default=True)  # what the annotator saw (position-bias audits)
+    scores = models.JSONField(default=dict, blank=True)  # Likert {axis: 1..5}
+    rationale = models.TextField(blank=True)
+    seconds = models.FloatField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["annotator", "item"], name="judgment_annotator_item_uniq")
+        ]
+
+
+class RewardModelStatus(models.TextChoices):
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+
+
+class RewardModel(models.Model):
+    name = models.CharField(max_length=200)
+    campaign = models.ForeignKey(
+        Campaign, null=True, blank=True, on_delete=models.SET_NULL, related_name="reward_models"
+    )
+    status = models.CharField(
+        max_length=16, choices=RewardModelStatus.choices, default=RewardModelStatus.QUEUED
+    )
+    backbone = models.CharField(max_length=500, default="minilm")
+    params = models.JSONField(default=dict, blank=True)
+    path = models.CharField(max_length=1000, blank=True)
+    metrics = models.JSONField(default=dict, blank=True)
+    progress = models.FloatField(default=0.0)
+    error = models.TextField(blank=True)
+    task_id = models.CharField(max_length=64, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
