@@ -1,0 +1,459 @@
+"""Pages of the experiment manager through Django's test client against the real PostgreSQL and
+Redis broker: access per role, the launch form (invalid → field errors and nothing queued), YAML
+round trip, run actions, run table state and query count, compare, escaping, import, exports."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.test import Client
+from django.utils import timezone
+
+from webapp.runs import services
+from webapp.runs.forms import default_config, form_data_from_config, schema_fields
+from webapp.runs.models import MetricPoint, Run, RunLog, RunStatus, Sample
+
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "model": {"name_or_path": "builtin:tiny-gpt2"},
+    "task": {"id": "synthetic_increasing_numbers"},
+    "reward": {"id": "increasing_numbers"},
+    "train": {"n_iters": 2, "prompts_per_iter": 4},
+}
+
+
+@pytest.fixture
+def scratch_queue(settings: Any) -> Any:
+    """Launches go to a queue no worker reads, so the test can count what was enqueued."""
+    queue = f"scratch-ui-{uuid.uuid4().hex[:8]}"
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    yield queue
+    redis.Redis.from_url(settings.REDIS_URL).delete(queue)
+
+
+def queued(queue: str) -> int:
+    return redis.Redis.from_url(settings.REDIS_URL).llen(queue)
+
+
+def make_run(user: Any = None, **kw: Any) -> Run:
+    cfg = json.loads(json.dumps(kw.pop("config", TINY)))
+    run = services.create_run(cfg, user=user, name=kw.pop("name", None), tags=kw.pop("tags", None))
+    for k, v in kw.items():
+        setattr(run, k, v)
+    run.save()
+    return run
+
+
+def launch_data(config: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:
+    cfg = json.loads(json.dumps(default_config()))
+    for section, values in (config or TINY).items():
+        if isinstance(values, dict):
+            cfg[section].update(values)
+        else:
+            cfg[section] = values
+    data = form_data_from_config(cfg)
+    data.update({"action": "launch", "tags": "", "notes": ""})
+    data.update(extra)
+    return data
+
+
+# --------------------------------------------------------------------------- access
+
+
+PAGES = ["/", "/launch/", "/import/", "/compare/?ids=1,2"]
+
+
+@pytest.mark.django_db
+def test_every_page_needs_login_and_the_researcher_role(
+    client: Client, annotator: Any, nobody: Any, researcher: Any
+) -> None:
+    run = make_run(researcher)
+    pages = [
+        *PAGES,
+        f"/runs/{run.pk}/",
+        f"/runs/{run.pk}/series.json",
+        f"/runs/{run.pk}/metrics.csv",
+        f"/runs/{run.pk}/delete/",
+        f"/runs/{run.pk}/clone/",
+    ]
+    for url in pages:
+        r = client.get(url)
+        assert r.status_code == 302 and r["Location"].startswith("/accounts/login/"), url
+    client.force_login(annotator)
+    for url in pages:
+        r = client.get(url)
+        assert r.status_code == 302 and r["Location"] == "/annotate/", url
+    for url in [f"/runs/{run.pk}/cancel/", f"/runs/{run.pk}/delete/", "/launch/"]:
+        assert client.post(url, {}).status_code == 302, url
+    run.refresh_from_db()
+    assert run.status == RunStatus.DRAFT
+    client.force_login(nobody)
+    assert client.get("/").status_code == 403
+    client.force_login(researcher)
+    for url in pages:
+        assert client.get(url).status_code in (200, 302), url
+
+
+@pytest.mark.django_db
+def test_post_actions_require_csrf(researcher: Any, scratch_queue: str) -> None:
+    run = make_run(researcher)
+    c = Client(enforce_csrf_checks=True)
+    c.force_login(researcher)
+    assert c.post(f"/runs/{run.pk}/cancel/").status_code == 403
+    assert c.post(f"/runs/{run.pk}/delete/").status_code == 403
+    assert c.post("/launch/", launch_data()).status_code == 403
+    assert Run.objects.count() == 1 and queued(scratch_queue) == 0
+    page = c.get(f"/runs/{run.pk}/").content.decode()
+    assert page.count("csrfmiddlewaretoken") >= 3  # cancel, retry, delete/meta forms
+
+
+# --------------------------------------------------------------------------- launch
+
+
+@pytest.mark.django_db
+def test_launch_page_renders_every_schema_field_with_help(researcher_client: Client) -> None:
+    r = researcher_client.get("/launch/")
+    assert r.status_code == 200
+    html = r.content.decode()
+    for spec in schema_fields():
+        assert f'name="{spec.name}"' in html, spec.path
+    assert "Adam learning rate." in html  # help text from the field description
+    assert 'id="section-algorithm"' in html and 'data-group="algorithm.nlpo"' in html
+    assert 'name="csrfmiddlewaretoken"' in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_invalid_config_shows_field_errors_and_queues_nothing(
+    researcher_client: Client, scratch_queue: str
+) -> None:
+    data = launch_data()
+    data["algorithm__learning_rate"] = "-0.5"
+    data["train__n_iters"] = "many"
+    data["eval__metrics"] = "- id: not_a_metric"
+    r = researcher_client.post("/launch/", data)
+    assert r.status_code == 200
+    html = r.content.decode()
+    for path in ("algorithm.learning_rate", "train.n_iters", "eval.metrics"):
+        assert f'data-error-for="{path}"' in html, path
+    assert "greater than 0" in html
+    assert Run.objects.count() == 0
+    assert queued(scratch_queue) == 0
+    # the typed values stay in the form
+    assert 'value="-0.5"' in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_valid_launch_creates_run_and_enqueues_once(
+    researcher_client: Client, researcher: Any, scratch_queue: str
+) -> None:
+    data = launch_data(tags="ui, smoke", notes="from the browser")
+    data["name"] = "launched-from-form"
+    data["algorithm__nlpo__top_mask"] = "0.7"
+    r = researcher_client.post("/launch/", data)
+    run = Run.objects.get()
+    assert r.status_code == 302 and r["Location"] == f"/runs/{run.pk}/"
+    assert run.status == RunStatus.QUEUED and run.name == "launched-from-form"
+    assert run.created_by == researcher and run.tags == ["ui", "smoke"] and run.notes == "from the browser"
+    assert run.config["algorithm"]["nlpo"]["top_mask"] == 0.7
+    assert run.config["task"]["id"] == "synthetic_increasing_numbers"
+    assert queued(scratch_queue) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_yaml_view_round_trips_and_launches(researcher_client: Client, scratch_queue: str) -> None:
+    data = launch_data()
+    data["name"] = "yaml-trip"
+    data["kl__init_coef"] = "0.33"
+    data["action"] = "to_yaml"
+    r = researcher_client.post("/launch/", data)
+    html = r.content.decode()
+    m = re.search(r'<textarea name="config_yaml"[^>]*>(.*?)</textarea>', html, re.S)
+    assert m, "YAML textarea missing"
+    import html as htmlmod
+
+    import yaml
+
+    text = htmlmod.unescape(m.group(1))
+    loaded = yaml.safe_load(text)
+    assert loaded["name"] == "yaml-trip" and loaded["kl"]["init_coef"] == 0.33
+    # back to the form: the same values fill the widgets
+    r = researcher_client.post(
+        "/launch/", {"action": "to_form", "config_yaml": text, "tags": "", "notes": ""}
+    )
+    html = r.content.decode()
+    assert 'value="yaml-trip"' in html and 'value="0.33"' in html
+    # an invalid YAML config names the dotted paths and queues nothing
+    bad = text.replace("init_coef: 0.33", "init_coef: -2") + "\nbogus_section: 1\n"
+    r = researcher_client.post(
+        "/launch/", {"action": "launch_yaml", "config_yaml": bad, "tags": "", "notes": ""}
+    )
+    html = r.content.decode()
+    assert "kl.init_coef" in html and "bogus_section" in html
+    assert Run.objects.count() == 0 and queued(scratch_queue) == 0
+    # a syntax error names the line
+    r = researcher_client.post(
+        "/launch/", {"action": "launch_yaml", "config_yaml": "a: [1,\nb: 2", "tags": "", "notes": ""}
+    )
+    assert "line" in r.content.decode() and Run.objects.count() == 0
+    # a valid YAML launch
+    r = researcher_client.post(
+        "/launch/", {"action": "launch_yaml", "config_yaml": text, "tags": "y", "notes": ""}
+    )
+    run = Run.objects.get()
+    assert r["Location"] == f"/runs/{run.pk}/" and run.config["kl"]["init_coef"] == 0.33
+    assert queued(scratch_queue) == 1
+
+
+@pytest.mark.django_db
+def test_clone_prefills_the_launch_form(researcher_client: Client, researcher: Any) -> None:
+    cfg = json.loads(json.dumps(TINY))
+    cfg["algorithm"] = {"learning_rate": 7.5e-4}
+    run = make_run(researcher, config=cfg, name="origin", tags=["a"])
+    r = researcher_client.get(f"/runs/{run.pk}/clone/")
+    assert r.status_code == 302 and r["Location"] == f"/launch/?clone={run.pk}"
+    html = researcher_client.get(r["Location"]).content.decode()
+    assert 'value="origin (clone)"' in html
+    assert 'value="0.00075"' in html
+    assert f'name="cloned_from" value="{run.pk}"' in html
+
+
+@pytest.mark.django_db
+def test_presets_are_offered_and_load(researcher_client: Client) -> None:
+    from webapp.runs.forms import list_presets
+
+    presets = list_presets()
+    html = researcher_client.get("/launch/").content.decode()
+    if not presets:
+        assert "No presets are installed" in html
+        return
+    for p in presets:
+        assert p["name"] in html
+    r = researcher_client.get("/launch/", {"preset": presets[0]["name"]})
+    assert r.status_code == 200 and b"unknown preset" not in r.content
+    r = researcher_client.get("/launch/", {"preset": "no-such-preset"})
+    assert b"unknown preset" in r.content or b"not available" in r.content
+
+
+# --------------------------------------------------------------------------- run actions
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_retry_delete_flow(researcher_client: Client, researcher: Any, scratch_queue: str) -> None:
+    run = services.launch_run(TINY, user=researcher)
+    assert queued(scratch_queue) == 1
+    r = researcher_client.post(f"/runs/{run.pk}/cancel/")
+    assert r.status_code == 302
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    # GET on an action is refused
+    assert researcher_client.get(f"/runs/{run.pk}/cancel/").status_code == 405
+    # retry re-queues a run that never started
+    researcher_client.post(f"/runs/{run.pk}/retry/")
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED and queued(scratch_queue) == 2
+    # deleting an active run is refused with a message
+    r = researcher_client.post(f"/runs/{run.pk}/delete/", follow=True)
+    assert Run.objects.filter(pk=run.pk).exists() and b"cancel it before deleting" in r.content
+    researcher_client.post(f"/runs/{run.pk}/cancel/")
+    confirm = researcher_client.get(f"/runs/{run.pk}/delete/")
+    assert b"cannot be undone" in confirm.content and b"csrfmiddlewaretoken" in confirm.content
+    r = researcher_client.post(f"/runs/{run.pk}/delete/")
+    assert r.status_code == 302 and r["Location"] == "/"
+    assert not Run.objects.filter(pk=run.pk).exists()
+
+
+# --------------------------------------------------------------------------- run page
+
+
+@pytest.mark.django_db
+def test_run_page_escapes_model_and_user_text(researcher_client: Client, researcher: Any) -> None:
+    evil = "<script>alert('x')</script>"
+    run = make_run(researcher, name=f"name {evil}", notes=f"notes {evil}")
+    Sample.objects.create(
+        run=run,
+        step=1,
+        split="train",
+        prompt=f"prompt {evil}",
+        generation=f"gen {evil}",
+        references=[evil],
+        reward=0.5,
+    )
+    RunLog.objects.create(run=run, line=f"log {evil}")
+    services.update_run_meta(run, tags=[f"t{evil}"])
+    for url in (f"/runs/{run.pk}/", "/"):
+        html = researcher_client.get(url).content.decode()
+        assert "<script>alert" not in html, url
+    html = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert "gen &lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html
+    assert "log &lt;script&gt;" in html and "prompt &lt;script&gt;" in html
+
+
+@pytest.mark.django_db
+def test_run_page_and_series_endpoint(researcher_client: Client, researcher: Any) -> None:
+    run = make_run(
+        researcher,
+        status=RunStatus.RUNNING,
+        started_at=timezone.now(),
+        progress=0.25,
+        current_iter=5,
+        total_iters=20,
+    )
+    services.ingest_metrics(
+        run.pk,
+        [("train/reward_mean", s, s / 10) for s in range(50)] + [("loss/policy", s, -s) for s in range(50)],
+    )
+    html = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert 'id="run-live-config"' in html and "/static/vendor/plotly.min.js" in html
+    assert "iteration 5 / 20" in html and 'id="cancel-btn"' in html
+    live = json.loads(
+        re.search(r'<script id="run-live-config" type="application/json">(.*?)</script>', html, re.S).group(1)
+    )
+    assert live["ws_path"] == f"/ws/runs/{run.pk}/"
+    data = researcher_client.get(live["series_url"]).json()
+    assert data["cursor"] == MetricPoint.objects.filter(run=run).order_by("-id").first().id
+    assert data["series"]["train/reward_mean"]["x"] == list(range(50))
+    assert data["groups"] == {"train/reward_mean": "reward", "loss/policy": "loss"}
+    # zoom: full resolution inside the range only
+    z = researcher_client.get(live["series_url"], {"keys": "loss/policy", "x0": 10, "x1": 14}).json()
+    assert list(z["series"]) == ["loss/policy"] and z["series"]["loss/policy"]["x"] == [10, 11, 12, 13, 14]
+    # downsampled overview keeps the extremes
+    ds = researcher_client.get(live["series_url"], {"keys": "loss/policy", "max_points": 8}).json()
+    s = ds["series"]["loss/policy"]
+    assert s["downsampled"] and len(s["x"]) < 50 and min(s["y"]) == -49 and max(s["y"]) == 0
+    assert researcher_client.get(live["series_url"], {"x0": "abc"}).status_code == 400
+
+
+@pytest.mark.django_db
+def test_metrics_download_csv_and_json(researcher_client: Client, researcher: Any) -> None:
+    run = make_run(researcher)
+    services.ingest_metrics(run.pk, [("train/kl", s, 0.5 * s) for s in range(3)])
+    r = researcher_client.get(f"/runs/{run.pk}/metrics.csv")
+    assert r["Content-Disposition"].endswith('.csv"')
+    rows = list(csv.reader(io.StringIO(b"".join(r.streaming_content).decode())))
+    assert rows[0][:5] == ["run_id", "run_name", "key", "step", "value"]
+    assert [(row[2], row[3], float(row[4])) for row in rows[1:]] == [
+        ("train/kl", str(s), 0.5 * s) for s in range(3)
+    ]
+    j = researcher_client.get(f"/runs/{run.pk}/metrics.json").json()
+    assert j["runs"][0]["metrics"]["train/kl"] == [[0, 0.0], [1, 0.5], [2, 1.0]]
+    assert researcher_client.get(f"/runs/{run.pk}/metrics.xml").status_code == 404
+
+
+# --------------------------------------------------------------------------- run table
+
+
+def _bulk_runs(n: int, user: Any) -> None:
+    objs = []
+    for i in range(n):
+        algo = ("ppo", "nlpo", "sft")[i % 3]
+        cfg = {**default_config(), "name": f"run-{i:04d}"}
+        objs.append(
+            Run(
+                name=f"run-{i:04d}",
+                config=cfg,
+                status=("succeeded", "failed", "running")[i % 3],
+                created_by=user,
+                algorithm=algo,
+                task=("imdb", "commongen")[i % 2],
+                tags=["even"] if i % 2 == 0 else ["odd"],
+                last_metrics={"train/reward_mean": i / 1000, "eval/bleu": (n - i) / 1000},
+            )
+        )
+    Run.objects.bulk_create(objs, batch_size=500)
+
+
+@pytest.mark.django_db
+def test_run_table_filters_sort_pagination_with_1000_runs(
+    researcher_client: Client, researcher: Any, django_assert_max_num_queries: Any
+) -> None:
+    _bulk_runs(1000, researcher)
+    with django_assert_max_num_queries(12):
+        r = researcher_client.get(
+            "/", {"sort": "-metric:train/reward_mean", "metrics": "train/reward_mean,eval/bleu"}
+        )
+    html = r.content.decode()
+    names = re.findall(r'<a href="/runs/\d+/">(run-\d{4})</a>', html)
+    assert len(names) == 50 and names[0] == "run-0999" and names[1] == "run-0998"
+    assert "page 1 / 20" in html
+    assert "eval/bleu" in html and "0.999" in html  # metric column value of run-0999 reward
+    # filters combine; the URL holds the state and pagination keeps it
+    r = researcher_client.get("/", {"algorithm": "nlpo", "tag": "even", "sort": "name", "page": "2"})
+    html = r.content.decode()
+    names = re.findall(r'<a href="/runs/\d+/">(run-\d{4})</a>', html)
+    expected = sorted(f"run-{i:04d}" for i in range(1000) if i % 3 == 1 and i % 2 == 0)
+    assert names == expected[50:100]
+    assert "algorithm=nlpo" in html and "tag=even" in html and "page=3" in html
+    # text search and status filter
+    r = researcher_client.get("/", {"q": "run-0042"})
+    assert re.findall(r'<a href="/runs/\d+/">(run-\d{4})</a>', r.content.decode()) == ["run-0042"]
+    r = researcher_client.get("/", {"status": "failed", "task": "imdb"})
+    names = re.findall(r'<a href="/runs/\d+/">(run-\d{4})</a>', r.content.decode())
+    assert names and all(int(n[4:]) % 3 == 1 and int(n[4:]) % 2 == 0 for n in names)
+
+
+# --------------------------------------------------------------------------- compare
+
+
+@pytest.mark.django_db
+def test_compare_shows_only_differing_config_keys_finals_and_generations(
+    researcher_client: Client, researcher: Any
+) -> None:
+    a_cfg = json.loads(json.dumps(TINY))
+    b_cfg = json.loads(json.dumps(TINY))
+    b_cfg["algorithm"] = {"learning_rate": 0.001}
+    b_cfg["name"] = "b"
+    a = make_run(researcher, config=a_cfg, name="a", last_metrics={"train/reward_mean": 0.1})
+    b = make_run(researcher, config=b_cfg, name="b", last_metrics={"train/reward_mean": 0.9})
+    for run, gen in ((a, "<b>one</b>"), (b, "two")):
+        Sample.objects.create(
+            run=run, step=1, split="validation", sample_id="s1", prompt="p1", generation="old"
+        )
+        Sample.objects.create(
+            run=run, step=9, split="validation", sample_id="s1", prompt="p1", generation=gen, reward=1.0
+        )
+    r = researcher_client.get("/compare/", {"ids": f"{a.pk},{b.pk}"})
+    html = r.content.decode()
+    diff_keys = re.findall(r'<tr data-key="([^"]+)">', html)
+    assert set(diff_keys) == {"algorithm.learning_rate", "name"}
+    assert "0.9" in html and "0.1" in html
+    side = html[html.index('id="side-by-side"') :]
+    assert "&lt;b&gt;one&lt;/b&gt;" in side and "two" in side and "old" not in side
+    assert f'"series_url": "/runs/{a.pk}/series.json"' in html
+    # fewer than two runs → back to the table with a message
+    r = researcher_client.get("/compare/", {"ids": str(a.pk)}, follow=True)
+    assert b"at least two runs" in r.content
+
+
+# --------------------------------------------------------------------------- import
+
+
+@pytest.mark.django_db
+def test_import_rejects_paths_outside_roots_and_imports_inside(
+    researcher_client: Client, settings: Any, tmp_path: Any
+) -> None:
+    root = tmp_path / "runs"
+    d = root / "cli-run"
+    d.mkdir(parents=True)
+    settings.ALLOWED_ROOTS = [root]
+    (d / "config.json").write_text(json.dumps(TINY))
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/reward_mean": 0.5}) + "\n")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "config.json").write_text(json.dumps(TINY))
+    for bad in (str(outside), "/etc", str(root / ".." / "elsewhere")):
+        r = researcher_client.post("/import/", {"path": bad})
+        assert r.status_code == 200 and "outside the allowed directories" in r.content.decode(), bad
+    assert Run.objects.count() == 0
+    r = researcher_client.post("/import/", {"path": str(d), "tags": "imported"})
+    run = Run.objects.get()
+    assert (
+        r["Location"] == f"/runs/{run.pk}/" and run.status == RunStatus.SUCCEEDED and run.tags == ["imported"]
+    )
