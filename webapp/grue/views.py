@@ -1,0 +1,67 @@
+"""GRUE leaderboard views: thin wrappers around ``leaderboard`` (researchers and admins only)."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from webapp.access import researcher_required
+from webapp.grue.leaderboard import build_board, load_runs
+
+
+def _board(request: HttpRequest) -> dict:
+    model = request.GET.get("model", "").strip() or None
+    return build_board(load_runs(), model=model)
+
+
+def _chart(board: dict) -> dict:
+    """Plotly traces: the normalised task score per algorithm (one trace per task with results),
+    and, where the paper reports results, our primary metric beside the paper's."""
+    algs = [a["label"] for a in board["algorithms"]]
+    score_traces = []
+    for row in board["tasks"]:
+        if not row["n_filled"]:
+            continue
+        score_traces.append(
+            {"type": "bar", "name": row["title"], "x": algs, "y": [c["score"] for c in row["cells"]]}
+        )
+    paper_traces = []
+    for row in board["tasks"]:
+        if not row["has_paper"]:
+            continue
+        label = row["metrics"][0]["label"]
+        paper_traces.append(
+            {
+                "type": "bar",
+                "name": f"RL4LMs paper ({row['paper_model']})",
+                "x": algs,
+                "y": [c["paper"][0] if c["paper"] else None for c in row["cells"]],
+            }
+        )
+        paper_traces.append(
+            {
+                "type": "bar",
+                "name": "GRUE Studio (best run)",
+                "x": algs,
+                "y": [c["values"][0] for c in row["cells"]],
+            }
+        )
+        paper_title = f"{row['title']}: {label}"
+        break
+    else:
+        paper_title = ""
+    return {"scores": score_traces, "paper": paper_traces, "paper_title": paper_title}
+
+
+@require_GET
+@researcher_required
+def board(request: HttpRequest) -> HttpResponse:
+    data = _board(request)
+    return render(request, "grue/board.html", {"board": data, "chart": _chart(data)})
+
+
+@require_GET
+@researcher_required
+def board_json(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(_board(request))
