@@ -71,7 +71,12 @@ class DailyDialogTask(GrueTask):
                             id=f"{row.get('id', f'{split}_{i}')}_{len(contexts)}",
                             prompt=dialog_prompt(contexts, self.context_size),
                             references=[utterance + EOU_TOKEN],
-                            meta={"emotion": [emotion], "intent": [intent], "utterance_id": utterance_id},
+                            meta={
+                                "emotion": [emotion],
+                                "intent": [intent],
+                                "history": contexts[-self.context_size :],
+                                "utterance_id": utterance_id,
+                            },
                         )
                     )
                 contexts.append(utterance)

@@ -35,7 +35,7 @@ class IMDBTask(GrueTask):
     task_id = "imdb"
     fixture_name = "imdb"
     hub_name = "imdb"
-    default_reward: dict[str, Any] = {"id": "sentiment_vader", "args": {}, "include_prompt": True}
+    default_reward: dict[str, Any] = {"id": "sentiment_vader", "args": {}}
     default_metrics = IMDB_METRICS
 
     def __init__(

@@ -16,7 +16,7 @@ from engine.registry import rewards
 
 RewardFn = Callable[[list[str], list[str], list[list[str]], list[dict[str, Any]]], list[float]]
 
-__all__ = ["RewardError", "RewardFn", "WeightedSum", "build_reward", "call_reward"]
+__all__ = ["RewardError", "RewardFn", "WeightedSum", "build_reward", "call_reward", "construct"]
 
 
 class RewardError(ValueError):
@@ -71,10 +71,19 @@ class WeightedSum:
         return total
 
 
+def construct(cid: str, args: dict[str, Any]) -> Any:
+    """``rewards.build`` without its ``key`` parameter, which would clash with a reward's own ``key`` arg."""
+    factory = rewards.get(cid)
+    try:
+        return factory(**args)
+    except TypeError as exc:
+        raise TypeError(f"reward {cid!r}: bad arguments {sorted(args)}: {exc}") from exc
+
+
 def _build_component(cid: str, args: dict[str, Any]) -> Any:
     if cid == "weighted_sum":
         return _weighted_sum_factory(**args)
-    return rewards.build(cid, **args)
+    return construct(cid, args)
 
 
 def _weighted_sum_factory(components: Sequence[Any] = ()) -> WeightedSum:
@@ -119,7 +128,7 @@ def build_reward(cfg: Any) -> RewardFn:
     else:
         if cfg.components:
             raise RewardError(f"reward.components is only used with id 'weighted_sum' (got id {cfg.id!r})")
-        fn = rewards.build(cfg.id, **cfg.args)
+        fn = construct(cfg.id, dict(cfg.args))
     if cfg.include_prompt:
         fn = _WithPrompt(fn)
     name = f"reward {cfg.id!r}"

