@@ -225,7 +225,14 @@ def list_presets() -> list[dict[str, str]]:
         if isinstance(item, str):
             out.append({"name": item, "description": ""})
         elif isinstance(item, dict) and "name" in item:
-            out.append({"name": str(item["name"]), "description": str(item.get("description", ""))})
+            out.append(
+                {
+                    "name": str(item["name"]),
+                    "description": str(item.get("description", "")),
+                    "task": str(item.get("task", "")),
+                    "variant": str(item.get("variant", "")),
+                }
+            )
         elif hasattr(item, "name"):
             out.append({"name": str(item.name), "description": str(getattr(item, "description", ""))})
     return out
@@ -237,9 +244,12 @@ def load_preset(name: str) -> dict[str, Any]:
         from engine import presets
     except ImportError:
         raise ConfigError("presets are not available in this installation") from None
+    known = {p["name"] for p in list_presets()}
+    if known and name not in known:
+        raise ConfigError(f"unknown preset {name!r}")
     try:
         cfg = presets.load_preset(name)
-    except (KeyError, FileNotFoundError, ValueError) as exc:
+    except (KeyError, FileNotFoundError) as exc:
         raise ConfigError(f"unknown preset {name!r}: {exc}") from None
     if isinstance(cfg, RunConfig):
         return cfg.to_dict()

@@ -1,0 +1,82 @@
+"""The whole researcher loop in a real browser: log in, launch the tiny synthetic preset from the
+generated form, watch a chart grow live over the websocket (no reload), cancel, see "cancelled".
+
+Real parts only: Debian chromium through Playwright, daphne, Channels over Redis, a Celery worker
+process running ``engine.train`` on the builtin tiny GPT-2, PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+pytestmark = [pytest.mark.e2e]
+
+SCREENSHOTS = os.environ.get("GRUE_SCREENSHOTS")  # a directory: also save screenshots for the docs
+
+
+def login(page: Any, base_url: str, username: str, password: str) -> None:
+    """Log in through the real login form."""
+    page.goto(f"{base_url}/accounts/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("form [type=submit]")
+    page.wait_for_url(f"{base_url}/")
+
+
+def _shot(page: Any, name: str) -> None:
+    if SCREENSHOTS:
+        page.screenshot(path=os.path.join(SCREENSHOTS, f"{name}.png"), full_page=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_launch_watch_live_and_cancel(
+    page: Any, live_server_with_worker: Any, researcher: Any, password_of: Any
+) -> None:
+    from webapp.runs.models import Run, RunStatus
+
+    base = live_server_with_worker.url
+    login(page, base, researcher.username, password_of(researcher))
+
+    # Launch page: start from the tiny synthetic PPO preset, then edit it in the generated form.
+    page.goto(f"{base}/launch/?preset=synthetic_ppo")
+    expect(page.locator("#preset-description")).to_contain_text("synthetic_ppo")
+    expect(page.locator("input[name=model__name_or_path]")).to_have_value("builtin:tiny-gpt2")
+    page.click("#section-tabs a[data-section=train]")
+    page.fill("input[name=train__n_iters]", "400")  # long enough to watch and cancel
+    page.fill("input[name=train__eval_every]", "0")
+    page.fill("input[name=train__save_every]", "0")
+    page.click("#section-tabs a[data-section=general]")
+    page.fill("input[name=name]", "browser-run")
+    _shot(page, "launch")
+    page.click("#launch-btn")
+
+    page.wait_for_url(f"{base}/runs/*/")
+    run = Run.objects.get(name="browser-run")
+    assert page.url == f"{base}/runs/{run.pk}/"
+    assert run.config["train"]["n_iters"] == 400
+
+    # Live: the reward chart appears and its point count grows without a reload.
+    page.wait_for_function("window.grueRun && window.grueRun.pointCount() > 0", timeout=180_000)
+    reward = page.locator(".chart[data-group=reward]")
+    expect(reward).to_be_visible()
+    first = page.evaluate("window.grueRun.pointCount()")
+    page.wait_for_function(f"window.grueRun.pointCount() > {first}", timeout=120_000)
+    page.wait_for_function(
+        "Number(document.querySelector('.chart[data-group=reward]').dataset.points) > 1", timeout=60_000
+    )
+    expect(page.locator("#status-badge")).to_have_text("running")
+    expect(page.locator("#ws-state")).to_have_text("live")
+    assert page.locator("#samples-body tr").count() > 0  # newest generations arrived live
+    # The page is still the same document (no reload happened while it grew).
+    assert page.evaluate("window.performance.getEntriesByType('navigation')[0].type") != "reload"
+    _shot(page, "run")
+
+    # Cancel: a POST with CSRF; the worker stops between iterations and the badge says cancelled.
+    page.click("#cancel-btn")
+    expect(page.locator("#status-badge")).to_have_text("cancelled", timeout=120_000)
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert 0 < run.current_iter < 400
