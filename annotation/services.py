@@ -147,7 +147,9 @@ def _metrics_of(sample: Any) -> dict[str, float]:
 
 
 def _prompt_key(sample_id: str, prompt: str) -> str:
-    return sample_id or "sha1:" + hashlib.sha1(prompt.encode("utf-8")).hexdigest()
+    """Generations are matched on the prompt text itself: sample ids ("0", "1", ...) are not
+    unique across data sets, and the same prompt must show the same text to annotators anyway."""
+    return "sha1:" + hashlib.sha1(prompt.encode("utf-8")).hexdigest()
 
 
 def latest_eval_samples(run: Any, split: str | None = None) -> dict[str, Any]:
@@ -210,7 +212,9 @@ def create_campaign_from_runs(
         per_run[rid] = samples
     common = set.intersection(*(set(s) for s in per_run.values()))
     if not common:
-        raise AnnotationError("the selected runs share no prompts (matched by sample id or prompt text)")
+        raise AnnotationError(
+            "the selected runs share no prompts (generations are matched on identical prompt text)"
+        )
     keys = sorted(common)
     rng = random.Random(seed)
     if max_items and len(keys) > max_items:
@@ -230,6 +234,8 @@ def create_campaign_from_runs(
         first = per_run[run_ids[0]][key]
         if kind == CampaignKind.PAIRWISE:
             for sa, sb in _pairs(systems, pairing, baseline):
+                if rng.random() < 0.5:
+                    sa, sb = sb, sa  # which system is stored as "A" is random too (kappa paradox)
                 a, b = per_run[int(sa[4:])][key], per_run[int(sb[4:])][key]
                 items.append(
                     Item(
@@ -400,6 +406,8 @@ def create_campaign_from_upload(
             else:
                 pairs = list(combinations(present, 2))
             for sa, sb in pairs:
+                if rng.random() < 0.5:
+                    sa, sb = sb, sa
                 items.append(
                     Item(
                         campaign=camp, key=key[:300], prompt=r["prompt"], references=r["references"],
@@ -443,17 +451,18 @@ def start_problems(camp: Campaign) -> list[str]:
 
 
 def start_campaign(camp: Campaign) -> Campaign:
+    """Draft/closed → active, if ``start_problems`` finds nothing; ``camp`` is refreshed in place."""
     with transaction.atomic():
-        camp = Campaign.objects.select_for_update().get(pk=camp.pk)
-        if camp.status == CampaignStatus.ACTIVE:
-            return camp
-        problems = start_problems(camp)
-        if problems:
-            raise AnnotationError("Cannot start: " + "; ".join(problems) + ".")
-        camp.status = CampaignStatus.ACTIVE
-        camp.started_at = camp.started_at or timezone.now()
-        camp.closed_at = None
-        camp.save()
+        locked = Campaign.objects.select_for_update().get(pk=camp.pk)
+        if locked.status != CampaignStatus.ACTIVE:
+            problems = start_problems(locked)
+            if problems:
+                raise AnnotationError("Cannot start: " + "; ".join(problems) + ".")
+            locked.status = CampaignStatus.ACTIVE
+            locked.started_at = locked.started_at or timezone.now()
+            locked.closed_at = None
+            locked.save()
+    camp.refresh_from_db()
     return camp
 
 

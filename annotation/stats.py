@@ -264,7 +264,7 @@ def fleiss_kappa(table: Sequence[Sequence[float]]) -> float | None:
     pe = float((p_j**2).sum())
     if pe >= 1.0:
         return None
-    return (p_bar - pe) / (1 - pe)
+    return float((p_bar - pe) / (1 - pe))
 
 
 def ratings_to_table(
@@ -330,7 +330,7 @@ def krippendorff_alpha(
     d_e = float((e * delta).sum()) / (n - 1)
     if d_e == 0:
         return None
-    return 1.0 - d_o / d_e
+    return float(1.0 - d_o / d_e)
 
 
 def pairwise_cohen(
