@@ -10,6 +10,7 @@ cache, and lets a malformed line be reported with its file and line number.
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import random
 from collections.abc import Iterable
@@ -154,6 +155,26 @@ class GrueTask:
     hub_name: str | tuple[str, ...] = ""
     default_reward: dict[str, Any] = {}
     default_metrics: list[dict[str, Any]] = []
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        """Publish the full argument list (own + source arguments) instead of ``**source``.
+
+        Config tools (the RL4LMs import, forms) read factory signatures to know which arguments a
+        task takes; a bare ``**source`` would hide them.
+        """
+        super().__init_subclass__(**kw)
+        params: list[inspect.Parameter] = []
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None:
+                continue
+            for p in list(inspect.signature(init).parameters.values())[1:]:
+                if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or any(q.name == p.name for q in params):
+                    continue
+                params.append(p.replace(kind=p.KEYWORD_ONLY))
+            if klass is GrueTask:
+                break
+        cls.__signature__ = inspect.Signature(params)
 
     def __init__(
         self,
