@@ -688,7 +688,7 @@ def record_judgment(
     """
     with transaction.atomic():
         a = (
-            Assignment.objects.select_for_update()
+            Assignment.objects.select_for_update(of=("self",))
             .select_related("item", "campaign")
             .filter(token=str(token or ""))
             .first()
@@ -759,7 +759,7 @@ def undo_last(camp: Campaign, user: Any) -> Assignment | None:
     _check_can_annotate(camp, user)
     with transaction.atomic():
         j = (
-            Judgment.objects.select_for_update()
+            Judgment.objects.select_for_update(of=("self",))
             .filter(campaign=camp, annotator=user)
             .select_related("assignment")
             .order_by("-id")
