@@ -1,0 +1,190 @@
+"""Model-based metrics: BERTScore (MiniLM), perplexity (builtin tiny GPT-2), sentiment, intent accuracy."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.metrics import MetricError
+from engine.metrics.bertscore import greedy_match
+from engine.metrics.intent import DEFAULT_MODEL_DIR, IntentClassifier, dialogue_examples, main, read_jsonl
+from engine.registry import metrics
+
+SAMPLE = Path(__file__).parents[2] / "engine" / "metrics" / "assets" / "dailydialog_sample"
+
+
+@pytest.fixture(scope="module")
+def bertscore():
+    return metrics.build("bertscore")
+
+
+# ---- BERTScore ----------------------------------------------------------------------------------
+
+
+def test_greedy_matching_hand_checked_on_tiny_vectors():
+    cand = [[1.0, 0.0], [0.0, 2.0]]  # normalised: e1, e2
+    ref = [[3.0, 0.0]]  # e1
+    # each candidate token's best match: e1->1, e2->0 => P = 1/2; the reference token's best: 1 => R = 1
+    p, r, f = greedy_match(cand, ref)
+    assert (p, r) == pytest.approx((0.5, 1.0)) and f == pytest.approx(2 / 3)
+    # weights (idf): the unmatched token weighs 3 => P = (1*1 + 3*0) / 4
+    p, _, _ = greedy_match(cand, ref, cand_w=[1.0, 3.0])
+    assert p == pytest.approx(0.25)
+    ref2 = [[1.0, 0.0], [1.0, 1.0]]  # e1, (e1+e2)/sqrt2
+    p, r, _ = greedy_match(cand, ref2)
+    s = 1 / math.sqrt(2)
+    assert p == pytest.approx((1 + s) / 2) and r == pytest.approx((1 + s) / 2)
+
+
+def test_bertscore_identity_and_ordering(bertscore):
+    ref = "A man is playing a guitar on stage."
+    gens = [ref, "A person plays the guitar at a concert.", "The stock market fell sharply on Monday."]
+    res = bertscore.compute([""] * 3, gens, [[ref]] * 3, [{}] * 3)
+    f = res["semantic/bert_score"][0]
+    assert f[0] == pytest.approx(1.0, abs=1e-5)
+    assert f[0] > f[1] > f[2]
+    assert res["semantic/bert_score_precision"][0][0] == pytest.approx(1.0, abs=1e-5)
+    # several references: the best one counts
+    multi = bertscore.compute([""], [gens[2]], [[ref, gens[2]]], [{}])
+    assert multi["semantic/bert_score"][0][0] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_bertscore_idf_layer_and_errors():
+    m = metrics.build("bert_score", idf=True, layer=3)
+    # idf = log((M + 1) / (df + 1)) over the M = 2 references; a token in both would weigh 0.
+    refs = [["the cat sat"], ["a dog barked loudly"]]
+    res = m.compute(["", ""], ["the cat sat", "stocks fell"], refs, [{}, {}])
+    assert res["semantic/bert_score"][0][0] == pytest.approx(1.0, abs=1e-5)
+    assert res["semantic/bert_score"][0][1] < 0.9
+    with pytest.raises(MetricError, match="layer 99 out of range"):
+        metrics.build("bertscore", layer=99)
+    with pytest.raises(MetricError, match="cannot load encoder"):
+        metrics.build("bertscore", model="/nonexistent/encoder")
+
+
+# ---- perplexity ---------------------------------------------------------------------------------
+
+
+def test_perplexity_of_generations_equals_exp_mean_nll():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.models.builtin import builtin_model_dir
+
+    m = metrics.build("perplexity")  # default: builtin:tiny-gpt2
+    gens = ["Hello world, this is a test.", "The movie was great"]
+    res = m.compute(["ignored prompt", "x"], gens, [["a reference that must not be scored"], []], [{}, {}])
+    per, corpus = res["fluency_metrics/perplexity"]
+
+    path = builtin_model_dir("builtin:tiny-gpt2")
+    tok, lm = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval()
+    total_nll, total_n = 0.0, 0
+    for g, got in zip(gens, per):
+        ids = torch.tensor([[tok.eos_token_id] + tok(g)["input_ids"]])
+        with torch.no_grad():
+            loss = lm(ids, labels=ids).loss.item()  # mean NLL of the generation tokens after BOS
+        n = ids.shape[1] - 1
+        assert got == pytest.approx(math.exp(loss), rel=1e-4)
+        total_nll += loss * n
+        total_n += n
+    assert corpus == pytest.approx(math.exp(total_nll / total_n), rel=1e-4)
+
+
+def test_perplexity_conditioning_and_empty_generation():
+    plain = metrics.build("perplexity")
+    cond = metrics.build("perplexity", condition_on_prompt=True)
+    args = (["Once upon a time", "p"], ["there was a king", ""], [[], []], [{}, {}])
+    a, b = (
+        plain.compute(*args)["fluency_metrics/perplexity"],
+        cond.compute(*args)["fluency_metrics/perplexity"],
+    )
+    assert a[0][0] != pytest.approx(b[0][0])
+    assert math.isnan(a[0][1]) and a[1] == pytest.approx(a[0][0])  # empty: NaN, left out of the corpus value
+
+
+# ---- sentiment ----------------------------------------------------------------------------------
+
+
+def test_sentiment_vader_orders_texts():
+    m = metrics.build("sentiment")
+    res = m.compute(
+        ["", ""], ["What a wonderful, moving film.", "Awful, boring and painful."], [[], []], [{}, {}]
+    )
+    pos, neg = res["semantic/sentiment_vader"][0]
+    assert 0.5 < pos <= 1.0 and 0.0 <= neg < 0.5
+
+
+def test_sentiment_learned_is_the_classifier_probability(tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from engine.metrics.bertscore import minilm_dir
+
+    torch.manual_seed(0)
+    clf = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2)
+    tok = AutoTokenizer.from_pretrained(minilm_dir())
+    clf.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    m = metrics.build("sentiment", variant="learned", model_path=str(tmp_path), device="cpu")
+    prompts, gens = ["This film", "The plot"], [" was a delight.", " made no sense."]
+    res = m.compute(prompts, gens, [[], []], [{}, {}])
+    clf.eval()
+    with torch.no_grad():
+        enc = tok([p + g for p, g in zip(prompts, gens)], return_tensors="pt", padding=True)
+        want = torch.softmax(clf(**enc).logits, dim=-1)[:, 1].tolist()
+    assert res["semantic/learned_automodel_metric"][0] == pytest.approx(want, abs=1e-5)
+    with pytest.raises(MetricError, match="needs model_path"):
+        metrics.build("sentiment", variant="learned")
+
+
+# ---- intent accuracy ----------------------------------------------------------------------------
+
+
+def test_intent_trainer_learns_well_above_chance(tmp_path, capsys):
+    assert (
+        main(["train", "--data", str(SAMPLE), "--out", str(tmp_path / "clf"), "--max-features", "8000"]) == 0
+    )
+    report = json.loads((tmp_path / "clf" / "config.json").read_text())["training"]
+    assert report["eval_utterances"] == 977
+    assert report["eval_accuracy"] > report["majority_baseline"] + 0.15
+    assert "held-out accuracy" in capsys.readouterr().out
+    # the saved arrays reload into a classifier that predicts the same labels
+    clf = IntentClassifier.load(tmp_path / "clf")
+    texts, labels = dialogue_examples(read_jsonl(SAMPLE / "test.jsonl"))
+    acc = sum(p == y for p, y in zip(clf.predict(texts), labels)) / len(labels)
+    assert acc == pytest.approx(report["eval_accuracy"], abs=1e-4)
+
+
+def test_shipped_intent_model_accuracy_on_held_out_fixture():
+    clf = IntentClassifier.load(DEFAULT_MODEL_DIR)
+    texts, labels = dialogue_examples(read_jsonl(SAMPLE / "test.jsonl"))
+    acc = sum(p == y for p, y in zip(clf.predict(texts), labels)) / len(labels)
+    assert acc > 0.7  # majority class is 0.38 on this sample
+
+
+def test_intent_accuracy_metric_uses_meta_intent_or_reference():
+    m = metrics.build("intent_accuracy")
+    prompts = ["Hi there . <EOU>Where is the station ? <EOU>"] * 2
+    gens = ["It is next to the bank on Main Street .", "Where do you want to go ?"]
+    meta = [{"intent": [1]}, {"intent": [1]}]  # the reference answers (inform)
+    res = m.compute(prompts, gens, [["It's over there .<EOU>"]] * 2, meta)
+    assert res["intent/accuracy"] == ([1.0, 0.0], 0.5)
+    # no act in meta: the reference's predicted act is the target
+    res = m.compute(prompts, gens, [["Do you mean the train station ?"]] * 2, [{}, {}])
+    assert res["intent/accuracy"][0] == [0.0, 1.0]
+    with pytest.raises(MetricError, match=r"meta\[0\].intent: act 7"):
+        m.compute(prompts[:1], gens[:1], [["x"]], [{"intent": [7]}])
+    with pytest.raises(MetricError, match="config.json not found"):
+        metrics.build("intent_accuracy", model_dir="/nonexistent")
+
+
+def test_intent_cli_usage_and_bad_data(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "engine.metrics.intent"], capture_output=True, text=True)
+    assert out.returncode == 2 and "usage" in out.stderr
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"dialog": ["a", "b"], "act": [1, 9]}\n')
+    assert main(["train", "--data", str(bad), "--out", str(tmp_path / "o")]) == 1
