@@ -157,3 +157,32 @@ def test_import_form_rejects_paths_outside_roots(settings: Any, tmp_path: Any) -
     sneaky = ImportRunForm({"path": str(root / ".." / "other")})
     assert not sneaky.is_valid()
     assert "outside the allowed directories" in sneaky.errors["path"][0]
+
+
+def test_learned_reward_models_replace_the_reward_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The annotation app offers trained reward models; choosing one replaces the reward section."""
+    import annotation.services
+
+    learned = {
+        "id": "increasing_numbers",
+        "args": {"min_tokens": 3},
+        "components": [],
+        "include_prompt": True,
+    }
+    monkeypatch.setattr(
+        annotation.services,
+        "reward_choices",
+        lambda: [{"label": "Learned reward: prefs (#7)", "reward": learned}],
+    )
+    form = RunConfigForm()
+    assert "reward_preset" in form.fields
+    assert ("0", "Learned reward: prefs (#7)") in form.fields["reward_preset"].choices
+    data = form_data_from_config(default_config())
+    data["reward_preset"] = "0"
+    form = RunConfigForm(data)
+    assert form.is_valid(), form.errors
+    assert form.config.reward.model_dump() == learned
+    # without a choice the reward widgets apply
+    data["reward_preset"] = ""
+    form = RunConfigForm(data)
+    assert form.is_valid() and form.config.reward.id == default_config()["reward"]["id"]

@@ -23,7 +23,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from engine.config import ConfigError
+from engine.config import ConfigError, parse_config
 from webapp.access import researcher_required
 from webapp.runs import queries, services
 from webapp.runs.forms import (
@@ -110,6 +110,7 @@ def _launch_context(
     preset: str = "",
     extra_errors: list[str] | None = None,
 ) -> dict[str, Any]:
+    preset = preset or request.POST.get("preset", "")
     return {
         "form": form,
         "sections": form.sections(),
@@ -271,7 +272,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "samples": samples,
             "logs": logs,
             "checkpoints": checkpoints,
-            "config_yaml": dump_yaml(run.config or {}),
+            "config_yaml": dump_yaml(_schema_ordered(run.config or {})),
             "live": live,
             "can_cancel": run.status in (RunStatus.DRAFT, RunStatus.QUEUED, RunStatus.RUNNING),
             "can_retry": run.status
@@ -281,6 +282,14 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "can_delete": run.status not in (RunStatus.QUEUED, RunStatus.RUNNING),
         },
     )
+
+
+def _schema_ordered(config: dict[str, Any]) -> dict[str, Any]:
+    """The config in the schema's key order (PostgreSQL's jsonb sorts keys), as the form shows it."""
+    try:
+        return parse_config(dict(config)).to_dict()
+    except ConfigError:
+        return config
 
 
 def _float_param(request: HttpRequest, name: str) -> float | None:
