@@ -263,3 +263,47 @@ def test_unknown_task_and_bad_split_and_hub_conflict():
         load_task(TaskConfig(id="imdb"), "dev-set")
     with pytest.raises(DataError, match="either hub or local paths"):
         load_task(TaskConfig(id="imdb", args={"hub": True, "path": "/x"}), "train")
+
+
+def test_hub_layouts_read_from_local_files(tmp_path):
+    """Rows shaped like the hub data sets RL4LMs loads go through the same builders."""
+    # gem/common_gen: one target per row; an empty target becomes "empty reference" (RL4LMs).
+    cg = write_jsonl(tmp_path / "cg.jsonl", [{"concepts": ["sun", "beach"], "target": ""}])
+    s = load_task(TaskConfig(id="commongen", args={"path": str(cg)}), "validation")[0]
+    assert s.prompt == "generate a sentence with: sun beach." and s.references == ["empty reference"]
+    # HF totto: sentence_annotations is a dict of parallel lists.
+    raw = json.loads(open(tasks.get("totto")().local_file("test"), encoding="utf-8").readline())
+    anns = raw["sentence_annotations"]
+    raw["sentence_annotations"] = {k: [a[k] for a in anns] for k in anns[0]}
+    raw["overlap_subset"] = "True"
+    tt = write_jsonl(tmp_path / "totto.jsonl", [raw])
+    hub_style = load_task(TaskConfig(id="totto", args={"path": str(tt)}), "test")[0]
+    fixture = load_task(TaskConfig(id="totto"), "test")[0]
+    assert hub_style.prompt == fixture.prompt and hub_style.references == fixture.references
+    assert hub_style.meta["raw_table"]["overlap_subset"] is True
+    # cnn_dailymail 3.0.0: article + highlights
+    cnn = write_jsonl(tmp_path / "cnn.jsonl", [{"id": "x", "article": "A. B.", "highlights": "A."}])
+    c = load_task(TaskConfig(id="cnn_daily_mail", args={"path": str(cnn), "truncate_article": 1}), "test")[0]
+    assert c.prompt == "Summarize: A." and c.references == ["A."]
+
+
+def test_hub_source_offline_error_says_how_to_use_local_files():
+    import subprocess
+    import sys
+
+    code = (
+        "from engine.config import TaskConfig\n"
+        "from engine.data import load_task\n"
+        "load_task(TaskConfig(id='imdb', args={'hub': True}), 'test')\n"
+    )
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": root}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=root
+    )
+    assert proc.returncode != 0
+    assert "DataError" in proc.stderr and "could not load hub data set imdb" in proc.stderr
+    assert "task.args.path" in proc.stderr
