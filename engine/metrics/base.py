@@ -108,3 +108,24 @@ def resolve_model_path(name_or_path: str) -> str:
             ) from exc
         return str(builtin_model_dir(name_or_path))
     return name_or_path
+
+
+def resolve_device(device: str) -> str:
+    """'auto' = CUDA when available (metrics with models run on the evaluation GPU), else CPU."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+_MODEL_CACHE: dict[tuple[Any, ...], Any] = {}
+
+
+def cached_load(key: tuple[Any, ...], loader: Any) -> Any:
+    """Load a frozen scoring model once per process: evaluation rebuilds its metrics at every eval step."""
+    if key not in _MODEL_CACHE:
+        if len(_MODEL_CACHE) >= 4:  # a few encoders at most; drop the oldest
+            _MODEL_CACHE.pop(next(iter(_MODEL_CACHE)))
+        _MODEL_CACHE[key] = loader()
+    return _MODEL_CACHE[key]

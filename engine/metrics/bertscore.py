@@ -20,7 +20,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from engine.metrics.base import Metric, MetricError, MetricResult, check_inputs, mean, resolve_model_path
+from engine.metrics.base import (
+    Metric,
+    MetricError,
+    MetricResult,
+    cached_load,
+    check_inputs,
+    mean,
+    resolve_device,
+    resolve_model_path,
+)
 from engine.registry import metrics
 
 DEFAULT_MODEL = "builtin:minilm"
@@ -73,15 +82,20 @@ class BertScore(Metric):
         idf: bool = False,
         batch_size: int = 32,
         max_length: int = 256,
-        device: str = "cpu",
+        device: str = "auto",
+        language: str | None = None,
     ):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
+        # ``language`` is accepted for RL4LMs configs; the encoder is chosen by ``model`` alone.
+        device = resolve_device(device)
         path = str(minilm_dir()) if model == DEFAULT_MODEL else resolve_model_path(model)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            self.model = AutoModel.from_pretrained(path).to(device).eval()
+            self.tokenizer = cached_load(("tok", path), lambda: AutoTokenizer.from_pretrained(path))
+            self.model = cached_load(
+                ("encoder", path, device), lambda: AutoModel.from_pretrained(path).to(device).eval()
+            )
         except OSError as exc:
             raise MetricError(f"bertscore: cannot load encoder {model!r}: {exc}") from exc
         n_layers = int(getattr(self.model.config, "num_hidden_layers", 0))

@@ -7,7 +7,8 @@ Texts are lowercased and split into words and punctuation marks. Over the whole 
 * ``vocab_size-1``: number of distinct unigrams;
 * ``msttr-W``: mean segmental type-token ratio (Johnson 1944): the concatenated tokens are cut into
   consecutive segments of W tokens (default 100), the last partial one dropped, and their TTRs averaged
-  (NaN when the corpus has fewer than W tokens, as in GEM-metrics);
+  (with fewer than W tokens in all: the TTR of those tokens, where GEM-metrics gives NaN, so that the
+  value stays a number for charts and JSON);
 * ``mean_pred_length``: mean tokens per generation.
 
 Diversity is a corpus property; the per-sample values are the same statistics within one generation
@@ -43,7 +44,9 @@ def entropy(freqs: Counter) -> float:
 def msttr(token_lists: list[list[str]], window: int) -> float:
     flat = [t for toks in token_lists for t in toks]
     ttrs = [len(set(flat[i : i + window])) / window for i in range(0, len(flat) - window + 1, window)]
-    return sum(ttrs) / len(ttrs) if ttrs else math.nan
+    if not ttrs:
+        return len(set(flat)) / len(flat) if flat else 0.0
+    return sum(ttrs) / len(ttrs)
 
 
 def _stats(token_lists: list[list[str]], window: int) -> dict[str, float]:

@@ -6,7 +6,8 @@ the generated texts are scored. Each generation is scored after the model's BOS 
 
 * per sample: ``exp(mean NLL of the generation's tokens)``;
 * corpus: ``exp(total NLL / total generation tokens)`` (token-weighted, like the usual corpus perplexity).
-Empty generations have no tokens: their per-sample value is NaN and they do not enter the corpus value.
+An empty generation is scored as the model ending at once: the NLL of its EOS token (so that every
+sample has a finite value; NaN would break JSON consumers of per-sample rows).
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from engine.metrics.base import Metric, MetricError, MetricResult, check_inputs, resolve_model_path
+from engine.metrics.base import (
+    Metric,
+    MetricError,
+    MetricResult,
+    cached_load,
+    check_inputs,
+    resolve_device,
+    resolve_model_path,
+)
 from engine.registry import metrics
 
 DEFAULT_MODEL = "builtin:tiny-gpt2"
@@ -33,20 +42,25 @@ class Perplexity(Metric):
         condition_on_prompt: bool = False,
         batch_size: int = 8,
         max_length: int = 512,
-        device: str = "cpu",
+        device: str = "auto",
         gguf_file: str | None = None,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        device = resolve_device(device)
         path = resolve_model_path(model)
         kw: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(
-                resolve_model_path(tokenizer) if tokenizer else path, **kw
+            tok_path = resolve_model_path(tokenizer) if tokenizer else path
+            self.tokenizer = cached_load(
+                ("tok", tok_path, gguf_file), lambda: AutoTokenizer.from_pretrained(tok_path, **kw)
             )
-            self.model = (
-                AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).to(device).eval()
+            self.model = cached_load(
+                ("causal", path, gguf_file, device),
+                lambda: (
+                    AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).to(device).eval()
+                ),
             )
         except OSError as exc:
             raise MetricError(f"perplexity: cannot load causal LM {model!r}: {exc}") from exc
@@ -56,6 +70,8 @@ class Perplexity(Metric):
         if bos is None:
             raise MetricError(f"perplexity: tokenizer of {model!r} has neither a BOS nor an EOS token")
         self.bos = int(bos)
+        eos = self.tokenizer.eos_token_id
+        self.eos = int(eos if eos is not None else bos)
         self.condition_on_prompt = condition_on_prompt
         self.batch_size, self.max_length, self.device = batch_size, max_length, device
 
@@ -68,7 +84,7 @@ class Perplexity(Metric):
             ctx = [self.bos] + (
                 self.tokenizer(p, add_special_tokens=False)["input_ids"] if self.condition_on_prompt else []
             )
-            gen = self.tokenizer(g, add_special_tokens=False)["input_ids"]
+            gen = self.tokenizer(g, add_special_tokens=False)["input_ids"] or [self.eos]
             ids = (ctx + gen)[-self.max_length :]
             seqs.append((ids, min(len(gen), len(ids) - 1)))
         out: list[list[float]] = []
@@ -93,7 +109,9 @@ class Perplexity(Metric):
     def compute(self, prompts, generations, references, meta=None) -> MetricResult:
         check_inputs(prompts, generations, references, meta)
         nlls = self.token_nlls(list(prompts), list(generations))
-        per = [math.exp(sum(n) / len(n)) if n else math.nan for n in nlls]
+        per = [
+            math.exp(sum(n) / len(n)) if n else math.nan for n in nlls
+        ]  # n is empty only if truncated away
         total = sum(len(n) for n in nlls)
         corpus = math.exp(sum(sum(n) for n in nlls) / total) if total else math.nan
         return {"fluency_metrics/perplexity": (per, corpus)}

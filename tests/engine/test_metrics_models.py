@@ -96,6 +96,10 @@ def test_perplexity_of_generations_equals_exp_mean_nll():
 
 
 def test_perplexity_conditioning_and_empty_generation():
+    from transformers import AutoModelForCausalLM
+
+    from engine.models.builtin import builtin_model_dir
+
     plain = metrics.build("perplexity")
     cond = metrics.build("perplexity", condition_on_prompt=True)
     args = (["Once upon a time", "p"], ["there was a king", ""], [[], []], [{}, {}])
@@ -104,7 +108,40 @@ def test_perplexity_conditioning_and_empty_generation():
         cond.compute(*args)["fluency_metrics/perplexity"],
     )
     assert a[0][0] != pytest.approx(b[0][0])
-    assert math.isnan(a[0][1]) and a[1] == pytest.approx(a[0][0])  # empty: NaN, left out of the corpus value
+    # an empty generation is the model ending at once: 1 / P(EOS | BOS)
+    lm = AutoModelForCausalLM.from_pretrained(builtin_model_dir("builtin:tiny-gpt2")).eval()
+    eos = plain.eos
+    with torch.no_grad():
+        logp = torch.log_softmax(lm(torch.tensor([[plain.bos]])).logits[0, -1], dim=-1)[eos].item()
+    assert a[0][1] == pytest.approx(math.exp(-logp), rel=1e-4)
+
+
+def test_every_metric_gives_finite_per_sample_and_corpus_values_and_serves_as_reward():
+    import json as _json
+
+    from engine.metrics import build_metrics, compute_all
+    from engine.registry import rewards
+
+    table = _json.loads((SAMPLE.parent / "totto_dev_example.json").read_text())
+    prompts = ["Hello . <EOU>Where is it ? <EOU>", "x <EOU>"]
+    gens = ["", "It is on the table ."]
+    refs = [["It is there .<EOU>"], ["It is on the table ."]]
+    meta = [{"intent": [1], "raw_table": table}] * 2
+    ids = [
+        i for i in metrics.ids() if i not in ("bert_score", "sacre_bleu", "causal_perplexity", "parent_totto")
+    ]
+    corpus, per = compute_all(build_metrics([{"id": i} for i in ids]), prompts, gens, refs, meta)
+    assert {k.split("/")[0] for k in corpus} >= {
+        "lexical",
+        "semantic",
+        "diversity_metrics",
+        "fluency_metrics",
+    }
+    for key, value in corpus.items():
+        assert math.isfinite(value), key
+        assert len(per[key]) == 2 and all(math.isfinite(v) for v in per[key]), key
+    reward = rewards.build("metric", metric_id="cider")
+    assert reward(prompts, gens, refs, meta) == pytest.approx(per["lexical/cider"])
 
 
 # ---- sentiment ----------------------------------------------------------------------------------
