@@ -173,11 +173,11 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        wait_for_condition(self._ready, timeout=90, interval=0.2, what=f"celery worker {self.name} ready")
+        wait_for_condition(self._ready, timeout=120, interval=0.2, what=f"celery worker {self.name} ready")
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"celery worker exited with {self.proc.returncode}:\n{self.log()}")
+            pytest.fail(f"celery worker exited with {self.proc.returncode}:\n{self.log()[-5000:]}")
         return "ready." in self.log_path.read_text(errors="replace")
 
     def log(self) -> str:
@@ -270,7 +270,7 @@ class AsgiServer:
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"daphne exited with {self.proc.returncode}:\n{self.log()}")
+            pytest.fail(f"daphne exited with {self.proc.returncode}:\n{self.log()[-5000:]}")
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
 

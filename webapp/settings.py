@@ -139,7 +139,14 @@ CHANNEL_PREFIX = os.environ.get("GRUE_CHANNEL_PREFIX", "grue")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": CHANNEL_PREFIX, "capacity": 1500, "expiry": 30},
+        # redis-py ≥ 6 defaults to a 5 s socket timeout, the same as channels-redis' 5 s BZPOPMIN:
+        # an idle websocket would then die with "Timeout reading". Give reads more room.
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
+            "prefix": CHANNEL_PREFIX,
+            "capacity": 1500,
+            "expiry": 30,
+        },
     }
 }
 

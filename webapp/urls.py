@@ -4,6 +4,7 @@ so that the site starts while they are being built."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import posixpath
 from pathlib import Path
 
@@ -66,11 +67,23 @@ urlpatterns = [
     re_path(r"^static/(?P<path>.+)$", static_file, name="static_file"),
 ]
 
-if "annotation" in settings.INSTALLED_APPS and _has("annotation.urls"):
-    urlpatterns.append(path("annotate/", include("annotation.urls")))
-if "webapp.grue" in settings.INSTALLED_APPS and _has("webapp.grue.urls"):
-    urlpatterns.append(path("grue/", include("webapp.grue.urls")))
-if _has("webapp.runs.urls"):
-    urlpatterns.append(path("", include("webapp.runs.urls")))
-else:
+
+def _optional(prefix: str, module: str, app: str | None = None) -> bool:
+    """Include another part's URLs when that part exists; a part that fails to import is logged
+    (loudly) and left out instead of taking the whole site down."""
+    if (app and app not in settings.INSTALLED_APPS) or not _has(module):
+        return False
+    try:
+        urlpatterns.append(path(prefix, include(module)))
+        return True
+    except ImportError:
+        logging.getLogger(__name__).exception(
+            "URLs of %s could not be imported; %s is disabled", module, prefix
+        )
+        return False
+
+
+_optional("annotate/", "annotation.urls", "annotation")
+_optional("grue/", "webapp.grue.urls", "webapp.grue")
+if not _optional("", "webapp.runs.urls"):
     urlpatterns.append(path("", placeholder_home, name="home"))

@@ -1,0 +1,133 @@
+"""End to end with a REAL Celery worker process running a real (tiny) engine run.
+
+launch → worker claims the run → metric rows in PostgreSQL → websocket messages → succeeded;
+a crashing run → failed with traceback; cancel → cancelled; a SIGKILLed worker → lost.
+"""
+
+from __future__ import annotations
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from webapp.asgi import application
+from webapp.runs import services
+from webapp.runs.models import MetricPoint, Run, RunStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def tiny(n_iters: int = 2, **over) -> dict:
+    cfg = {
+        "name": "worker-e2e",
+        "model": {"name_or_path": "builtin:tiny-gpt2", "device": "cpu"},
+        "task": {"id": "synthetic_increasing_numbers", "max_train_samples": 8, "max_eval_samples": 2},
+        "reward": {"id": "increasing_numbers"},
+        "rollout": {"max_new_tokens": 4, "batch_size": 2},
+        "algorithm": {"id": "ppo", "n_epochs": 1, "minibatch_size": 2},
+        "train": {
+            "n_iters": n_iters,
+            "prompts_per_iter": 2,
+            "eval_every": 0,
+            "save_every": 1,
+            "log_samples": 2,
+            "save_final_model": False,
+        },
+        "eval": {"generation": {"max_new_tokens": 4, "do_sample": False}},
+    }
+    cfg.update(over)
+    return cfg
+
+
+def status_of(run_id: int) -> str:
+    return Run.objects.values_list("status", flat=True).get(pk=run_id)
+
+
+def _cookie(user) -> str:
+    from django.conf import settings
+    from django.test import Client
+
+    c = Client()
+    c.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={c.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researcher):
+    draft = await database_sync_to_async(services.create_run)(tiny(2), user=researcher)
+    cookie = await database_sync_to_async(_cookie)(researcher)
+    comm = WebsocketCommunicator(
+        application,
+        f"/ws/runs/{draft.pk}/",
+        headers=[(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1"), (b"cookie", cookie.encode())],
+    )
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "subscribe", "after": {}})
+    while (await comm.receive_json_from(timeout=10))["type"] != "caught_up":
+        pass
+    await database_sync_to_async(services.enqueue_run)(draft)
+
+    seen: dict[str, list] = {"status": [], "metrics": [], "samples": [], "checkpoint": []}
+    while True:
+        msg = await comm.receive_json_from(timeout=240)
+        seen.setdefault(msg["type"], []).append(msg)
+        if msg["type"] == "status" and msg["status"] in ("succeeded", "failed", "cancelled", "lost"):
+            break
+    await comm.disconnect()
+    run = await database_sync_to_async(Run.objects.get)(pk=draft.pk)
+    assert run.status == RunStatus.SUCCEEDED, run.traceback
+    statuses = [m["status"] for m in seen["status"]]
+    assert statuses[0] in ("queued", "running") and "running" in statuses and statuses[-1] == "succeeded"
+    assert run.worker_host == celery_worker.name and run.heartbeat_at is not None
+    assert run.progress == 1.0 and run.current_iter == 2 and run.total_iters == 2
+
+    streamed = [p for m in seen["metrics"] for p in m["points"]]
+    stored = await database_sync_to_async(
+        lambda: list(
+            MetricPoint.objects.filter(run_id=draft.pk).order_by("id").values_list("id", "key", "step")
+        )
+    )()
+    # every stored point reached the browser exactly once, in order
+    assert [(p["id"], p["key"], p["step"]) for p in streamed] == stored
+    keys = {k for _i, k, _s in stored}
+    assert {"train/reward_mean", "train/kl", "loss/policy"} <= keys
+    assert {s for _i, k, s in stored if k == "train/reward_mean"} == {1, 2}
+    assert seen["samples"] and seen["checkpoint"]
+    assert run.summary.get("iterations") == 2
+    assert "train/reward_mean" in run.last_metrics
+    n_ckpt = await database_sync_to_async(run.checkpoints.count)()
+    assert n_ckpt >= 1
+
+
+def test_crashing_run_is_failed_with_traceback(celery_worker, researcher, wait_for):
+    run = services.launch_run(tiny(2, model={"name_or_path": "/nonexistent/grue/model"}), user=researcher)
+    wait_for(lambda: status_of(run.pk) in ("failed", "succeeded"), timeout=120, what="run to fail")
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "/nonexistent/grue/model" in run.error
+    assert "Traceback" in run.traceback and "engine" in run.traceback
+    assert run.finished_at is not None
+
+
+def test_cancel_stops_a_running_run(celery_worker, researcher, wait_for):
+    run = services.launch_run(tiny(500), user=researcher)
+    wait_for(lambda: MetricPoint.objects.filter(run_id=run.pk).exists(), timeout=180, what="first metrics")
+    services.cancel_run(run)
+    wait_for(lambda: status_of(run.pk) != RunStatus.RUNNING, timeout=120, what="run to stop")
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert run.current_iter < 500
+
+
+def test_killed_worker_leaves_run_lost_and_restart_marks_it(worker_factory, researcher, settings, wait_for):
+    worker = worker_factory()
+    settings.CELERY_TASK_DEFAULT_QUEUE = worker.queue
+    run = services.launch_run(tiny(500), user=researcher)
+    wait_for(lambda: status_of(run.pk) == RunStatus.RUNNING, timeout=120, what="run to start")
+    worker.kill()
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING  # nobody could record anything: the process just vanished
+    # the same worker comes back (e.g. systemd restart): it knows it is running nothing
+    worker_factory(queue=worker.queue, name=worker.name)
+    wait_for(lambda: status_of(run.pk) == RunStatus.LOST, timeout=60, what="run marked lost")
+    run.refresh_from_db()
+    assert worker.name in run.error and "heartbeat" in run.error
