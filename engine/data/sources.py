@@ -204,8 +204,8 @@ class GrueTask:
             if not p.exists():
                 read_records(p, self.task_id)  # raises the file-not-found error with advice
             return p
-        if self.hub:
-            return None
+        if self.hub or any(self.split_paths.values()):
+            return None  # user data never silently mixes with the fixture
         return find_split_file(FIXTURES_DIR / (self.fixture_name or self.task_id), split)
 
     def has_split(self, split: str) -> bool:
@@ -218,10 +218,13 @@ class GrueTask:
             return [dict(r) for r in self.hub_rows(split)]
         f = self.local_file(split)
         if f is None:
-            where = self.path or FIXTURES_DIR / (self.fixture_name or self.task_id)
+            if self.path or any(self.split_paths.values()):
+                where = f"the given data ({self.path or 'per-split paths'})"
+            else:
+                where = str(FIXTURES_DIR / (self.fixture_name or self.task_id))
             raise DataError(
-                f"task {self.task_id!r}: no {split!r} data in {where} — add a {split}.jsonl there "
-                f"or set task.args.{split}_path"
+                f"task {self.task_id!r}: no {split!r} data in {where} — set task.args.{split}_path "
+                f"(or put a {split}.jsonl in the data directory)"
             )
         return read_records(f, self.task_id)
 

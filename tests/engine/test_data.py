@@ -307,3 +307,17 @@ def test_hub_source_offline_error_says_how_to_use_local_files():
     assert proc.returncode != 0
     assert "DataError" in proc.stderr and "could not load hub data set imdb" in proc.stderr
     assert "task.args.path" in proc.stderr
+
+
+def test_user_data_never_mixes_with_the_fixture(tmp_path):
+    f = write_jsonl(tmp_path / "train.jsonl", [{"concepts": ["a", "b"], "scene": ["a b"]}])
+    cfg = TaskConfig(id="commongen", args={"train_path": str(f)})
+    assert len(load_task(cfg, "train")) == 1
+    with pytest.raises(DataError, match="no 'validation' data"):
+        load_task(cfg, "validation")
+    # IMDB carves validation out of the user's train file instead
+    g = write_jsonl(
+        tmp_path / "imdb.jsonl", [{"text": f"review {i} words here", "label": i % 2} for i in range(10)]
+    )
+    imdb = TaskConfig(id="imdb", args={"train_path": str(g)})
+    assert len(load_task(imdb, "train")) == 8 and len(load_task(imdb, "validation")) == 2
