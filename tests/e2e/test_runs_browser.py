@@ -35,7 +35,7 @@ def _shot(page: Any, name: str) -> None:
 def test_launch_watch_live_and_cancel(
     page: Any, live_server_with_worker: Any, researcher: Any, password_of: Any
 ) -> None:
-    from webapp.runs.models import Run, RunStatus
+    from webapp.runs.models import MetricPoint, Run, RunStatus
 
     base = live_server_with_worker.url
     login(page, base, researcher.username, password_of(researcher))
@@ -74,9 +74,22 @@ def test_launch_watch_live_and_cancel(
     assert page.evaluate("window.performance.getEntriesByType('navigation')[0].type") != "reload"
     _shot(page, "run")
 
+    # Drop the websocket: the page reconnects by itself, sends its cursor and keeps growing.
+    before = page.evaluate("window.grueRun.pointCount()")
+    page.evaluate("window.grueRun.disconnect()")
+    expect(page.locator("#ws-state")).not_to_have_text("live", timeout=10_000)
+    expect(page.locator("#ws-state")).to_have_text("live", timeout=60_000)
+    page.wait_for_function(f"window.grueRun.pointCount() > {before}", timeout=120_000)
+
     # Cancel: a POST with CSRF; the worker stops between iterations and the badge says cancelled.
     page.click("#cancel-btn")
     expect(page.locator("#status-badge")).to_have_text("cancelled", timeout=120_000)
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
     assert 0 < run.current_iter < 400
+    # No gaps, no duplicates across the reconnect: the page holds exactly the stored (key, step) points.
+    stored = MetricPoint.objects.filter(run=run).count()
+    page.wait_for_function(f"window.grueRun.pointCount() === {stored}", timeout=30_000)
+    # Once finished, the page offers retry/delete instead of cancel, without a reload.
+    expect(page.locator("#retry-btn")).to_be_visible()
+    expect(page.locator("#cancel-btn")).to_be_hidden()

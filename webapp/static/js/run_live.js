@@ -108,9 +108,12 @@
       document.getElementById("error-box").hidden = false;
       document.getElementById("error-text").textContent = msg.error;
     }
-    if (FINISHED.indexOf(msg.status) >= 0) {
-      const cancel = document.getElementById("cancel-form");
-      if (cancel) cancel.remove();
+    if (msg.status) {
+      // Show the actions that apply now (cancel while active; retry/delete once finished).
+      const finished = FINISHED.indexOf(msg.status) >= 0;
+      document.querySelectorAll("[data-show]").forEach((el) => {
+        el.hidden = msg.status === "draft" ? false : (el.dataset.show === "active" ? finished : !finished);
+      });
     }
   }
 
