@@ -115,6 +115,35 @@ def _text(pair_prompt: str, response: str, include_prompt: bool) -> str:
     return pair_prompt + response if include_prompt else response
 
 
+def _group_of(p: PreferencePair, index: int) -> str:
+    """Pairs about the same item (several annotators judged it) must land on the same side of the
+    split, or the held-out accuracy would be measured on pairs the model was trained on."""
+    for key in ("group", "item"):
+        if key in p.meta and p.meta[key] is not None:
+            return f"{key}:{p.meta[key]}"
+    return f"pair:{p.prompt}\x00{p.chosen}\x00{p.rejected}" if p.meta.get("dedupe", True) else f"i:{index}"
+
+
+def split_heldout(
+    pairs: Sequence[PreferencePair], fraction: float, rng: random.Random
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(held-out, train), split by group (``meta.group`` / ``meta.item`` / identical text)."""
+    groups: dict[str, list[PreferencePair]] = {}
+    for i, p in enumerate(pairs):
+        groups.setdefault(_group_of(p, i), []).append(p)
+    keys = list(groups)
+    rng.shuffle(keys)
+    target = int(round(len(pairs) * fraction)) if fraction > 0 else 0
+    held: list[PreferencePair] = []
+    train: list[PreferencePair] = []
+    for k in keys:
+        (held if len(held) < target else train).extend(groups[k])
+    if not train:  # never train on nothing: the last group goes back to training
+        train = groups[keys[-1]]
+        held = [p for k in keys[:-1] for p in groups[k]]
+    return held, train
+
+
 @dataclass
 class TrainResult:
     out_dir: str
@@ -136,6 +165,7 @@ def _load_backbone(backbone: str):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(backbone)
+    tok.truncation_side = "left"  # as the engine's learned reward reads it: the end of a text matters most
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
     model = AutoModelForSequenceClassification.from_pretrained(backbone, num_labels=1)
@@ -210,12 +240,7 @@ def train_reward_model(
     t0 = time.time()
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    order = list(range(len(pairs)))
-    rng.shuffle(order)
-    n_held = int(round(len(pairs) * heldout_fraction)) if heldout_fraction > 0 else 0
-    n_held = min(n_held, len(pairs) - 1)
-    held = [pairs[i] for i in order[:n_held]]
-    train = [pairs[i] for i in order[n_held:]]
+    held, train = split_heldout(pairs, heldout_fraction, rng)
 
     backbone_path = resolve_backbone(backbone)
     tok, model = _load_backbone(backbone_path)
@@ -260,7 +285,7 @@ def train_reward_model(
             break
 
     held_acc = pairwise_accuracy(model, tok, held, include_prompt, max_length, device=device)
-    train_acc = pairwise_accuracy(model, tok, train[:256], include_prompt, max_length, device=device)
+    train_acc = pairwise_accuracy(model, tok, train[:64], include_prompt, max_length, device=device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.to("cpu")

@@ -42,7 +42,9 @@ def test_concurrent_annotators_never_over_assign_and_lose_nothing():
                     with lock:
                         skipped.append((user.pk, a.item_id))
                     continue
-                services.record_judgment(user, a.token, item_id=a.item_id, choice=rng.choice(["left", "right", "tie"]))
+                services.record_judgment(
+                    user, a.token, item_id=a.item_id, choice=rng.choice(["left", "right", "tie"])
+                )
                 with lock:
                     accepted.append((user.pk, a.item_id))
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
