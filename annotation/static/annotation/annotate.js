@@ -90,4 +90,6 @@
       else if (ev.key === "Tab" && axes.length) { ev.preventDefault(); setActive(activeAxis + (ev.shiftKey ? -1 : 1)); }
     }
   });
+  // Keys pressed before this line would be lost: tell tests (and curious users) we are listening.
+  document.body.dataset.annotateReady = "1";
 })();

@@ -1,0 +1,169 @@
+"""Annotators and researchers in a real browser (Debian chromium via Playwright, daphne, PostgreSQL).
+
+1. An annotator judges a whole pairwise campaign with the keyboard only: 1/2/3/4 and a/b/t/x choose,
+   Enter submits, u undoes; sides are shuffled and the stored choice follows what was on screen.
+2. A researcher creates a blind comparison of two runs, starts it once three annotators have
+   joined, and reads the results page (Bradley–Terry table, Plotly charts, agreement).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from annotation import services
+from annotation.models import Campaign, Judgment
+from tests.annotation.conftest import make_run, make_user
+
+pytestmark = [pytest.mark.e2e]
+
+
+def login(page: Any, base: str, username: str, password: str, next_url: str) -> None:
+    page.goto(f"{base}/accounts/login/?next={next_url}")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("form [type=submit]")
+    page.wait_for_url(f"{base}{next_url}")
+
+
+def ready(page: Any) -> None:
+    """The keyboard handler is attached (annotate.js marks the body when it is listening)."""
+    page.wait_for_selector("body[data-annotate-ready='1']")
+
+
+def _upload(n: int) -> str:
+    return "\n".join(
+        json.dumps(
+            {"prompt": f"Prompt {i}", "outputs": {"HIDDEN_X": f"x-output-{i}", "HIDDEN_Y": f"y-output-{i}"}}
+        )
+        for i in range(n)
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_annotator_judges_with_the_keyboard(page: Any, asgi_server: Any) -> None:
+    ann = make_user("kbd")
+    camp = services.create_campaign_from_upload(
+        "keyboard campaign", _upload(4), overlap=1, instructions="Pick the better one."
+    )
+    services.add_member(camp, ann)
+    services.start_campaign(camp)
+    base = asgi_server.url
+    url = f"/annotate/c/{camp.pk}/"
+    login(page, base, "kbd", "pw-kbd-123", url)
+
+    progress = page.locator("#progress")
+    expect(progress).to_have_text("0 of 4")
+    ready(page)
+    expect(page.locator("body")).not_to_contain_text("HIDDEN_X")
+    expect(page.locator(".ann-help")).to_contain_text("Enter")
+
+    # Enter without a choice does not submit; it asks for a choice.
+    page.keyboard.press("Enter")
+    expect(page.locator("#hint")).to_contain_text("Choose A, B, tie or both bad")
+    assert Judgment.objects.count() == 0
+
+    shown = []  # (screen text on the left, key pressed)
+    for i, key in enumerate(["1", "b", "t", "x"]):
+        left_text = page.locator("#text-left").inner_text()
+        shown.append((left_text, key))
+        page.keyboard.press(key)
+        expected = {"1": "#btn-left", "b": "#btn-right", "t": "#btn-tie", "x": "#btn-both_bad"}[key]
+        expect(page.locator(expected)).to_have_class(re.compile(r"\bselected\b"))
+        if i == 2:
+            page.fill("#rationale", "both fine")
+            page.locator("#rationale").press("Control+Enter")
+        else:
+            page.keyboard.press("Enter")
+        if i < 3:
+            expect(progress).to_have_text(f"{i + 1} of 4")
+            ready(page)
+        if i == 1:
+            # Undo with "u": the second judgment is withdrawn and its item comes back.
+            page.keyboard.press("u")
+            expect(progress).to_have_text("1 of 4")
+            ready(page)
+            assert page.locator("#text-left").inner_text() in (shown[1][0], _other(shown[1][0]))
+            page.keyboard.press("2")
+            page.keyboard.press("Enter")
+            expect(progress).to_have_text("2 of 4")
+            ready(page)
+            shown[1] = (shown[1][0], "2")
+    expect(page.locator("#all-done")).to_be_visible()
+
+    judgments = list(Judgment.objects.select_related("item").order_by("id"))
+    assert len(judgments) == 4
+    for j, (left_text, key) in zip(judgments, shown):
+        left_system_output = j.item.output_a if j.left_is_a else j.item.output_b
+        assert left_system_output == left_text  # what was on the left is recorded
+        want = {"1": "left", "2": "right", "t": "tie", "x": "both_bad"}[key]
+        if want == "left":
+            assert j.choice == ("a" if j.left_is_a else "b")
+        elif want == "right":
+            assert j.choice == ("b" if j.left_is_a else "a")
+        else:
+            assert j.choice == want
+        assert j.seconds is not None and j.seconds >= 0
+    assert judgments[2].rationale == "both fine"
+
+
+def _other(text: str) -> str:
+    return (
+        text.replace("x-output", "y-output") if "x-output" in text else text.replace("y-output", "x-output")
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_researcher_runs_a_blind_comparison_in_the_browser(
+    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+) -> None:
+    prompts = [f"Continue the review {i}:" for i in range(5)]
+    good = make_run("kind-run", prompts, [f"a lovely film {i}" for i in range(5)], rewards=[0.9] * 5)
+    bad = make_run("grumpy-run", prompts, [f"a dreadful film {i}" for i in range(5)], rewards=[0.1] * 5)
+    base = asgi_server.url
+    login(page, base, researcher.username, password_of(researcher), "/annotate/campaigns/new/")
+    page.fill("input[name=name]", "kind vs grumpy")
+    page.check(f"input[name=runs][value='{good.pk}']")
+    page.check(f"input[name=runs][value='{bad.pk}']")
+    page.fill("input[name=overlap]", "3")
+    page.click("form.card [type=submit]")
+    page.wait_for_url(re.compile(r".*/annotate/campaigns/\d+/$"))
+    camp = Campaign.objects.get(name="kind vs grumpy")
+    assert camp.items.count() == 5
+
+    page.click("#start-btn")
+    expect(page.locator(".messages")).to_contain_text("not enough annotators: 0 joined")
+    page.click("#invite-btn")
+    invite_url = page.locator(".invite-url").first.inner_text()
+    assert "/annotate/join/" in invite_url
+
+    # Three annotators join through the link (service calls stand in for their own browsers) and judge.
+    token = invite_url.rstrip("/").rsplit("/", 1)[-1]
+    raters = [make_user(f"r{i}", group=None) for i in range(3)]
+    for u in raters:
+        services.accept_invite(token, u)
+    page.click("#start-btn")
+    expect(page.locator("#status")).to_have_text("active")
+    camp.refresh_from_db()
+    for k, u in enumerate(raters):
+        while (a := services.next_item(camp, u)) is not None:
+            good_left = (a.item.system_a == f"run:{good.pk}") == a.left_is_a
+            choice = "left" if good_left else "right"
+            if k == 2 and a.item.order == 0:
+                choice = "tie"
+            services.record_judgment(u, a.token, item_id=a.item_id, choice=choice)
+
+    page.click("#results-link")
+    rows = page.locator("#bt-table tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_contain_text("kind-run")
+    expect(rows.nth(0).locator("td").first).to_have_text("1")
+    expect(page.locator("#bt-chart .main-svg").first).to_be_visible()
+    expect(page.locator("#winrate-chart .main-svg").first).to_be_visible()
+    expect(page.locator("#agreement-table")).to_contain_text("Fleiss")
+    expect(page.locator("#metric-table")).to_contain_text("reward")
+    expect(page.locator("#annotator-table tbody tr")).to_have_count(3)
