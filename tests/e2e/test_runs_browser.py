@@ -7,6 +7,7 @@ process running ``engine.train`` on the builtin tiny GPT-2, PostgreSQL."""
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import pytest
@@ -93,3 +94,35 @@ def test_launch_watch_live_and_cancel(
     # Once finished, the page offers retry/delete instead of cancel, without a reload.
     expect(page.locator("#retry-btn")).to_be_visible()
     expect(page.locator("#cancel-btn")).to_be_hidden()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_live_generations_are_inserted_as_text_not_html(
+    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+) -> None:
+    """A generation arriving over the websocket is shown verbatim and never parsed as HTML."""
+    from webapp.runs import services
+    from webapp.runs.broadcast import broadcast
+    from webapp.runs.models import RunStatus
+
+    run = services.create_run({"name": "xss"}, user=researcher)
+    run.status = RunStatus.RUNNING
+    run.save(update_fields=["status"])
+    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    page.goto(f"{asgi_server.url}/runs/{run.pk}/")
+    expect(page.locator("#ws-state")).to_have_text("live")
+    payload = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+    rows = services.ingest_samples(
+        run.pk,
+        3,
+        "train",
+        [{"prompt": f"p {payload}", "generation": f"g {payload}", "references": [], "reward": 0.5}],
+    )
+    # Broadcast from another thread: Playwright's event loop occupies this one.
+    sender = threading.Thread(target=broadcast, args=(run.pk, services.sample_message(rows)))
+    sender.start()
+    sender.join()
+    cell = page.locator("#samples-body td.generation").first
+    expect(cell).to_have_text(f"g {payload}")
+    assert page.locator("#samples-body img, #samples-body script").count() == 0
+    assert page.evaluate("window.__xss") is None

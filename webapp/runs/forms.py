@@ -9,6 +9,7 @@ widget they belong to.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +88,18 @@ def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
 
 def schema_fields(schema: dict[str, Any] | None = None) -> list[FieldSpec]:
     """Every leaf of the run config as a FieldSpec, in schema order (nested models recursed)."""
-    schema = schema or json_schema()
+    if schema is None:
+        return list(_default_schema_fields())
+    return _schema_fields(schema)
+
+
+@functools.lru_cache(maxsize=1)
+def _default_schema_fields() -> tuple[FieldSpec, ...]:
+    # The engine's schema is fixed for the life of the process: walk it once.
+    return tuple(_schema_fields(json_schema()))
+
+
+def _schema_fields(schema: dict[str, Any]) -> list[FieldSpec]:
     out: list[FieldSpec] = []
 
     def walk(node: dict[str, Any], prefix: str) -> None:
@@ -323,16 +335,16 @@ class RunConfigForm(forms.Form):
         if spec.kind == "yaml":
             common["initial"] = _yaml_text(initial)
             hint = " (YAML list of {id, args})" if spec.path in COMPONENT_LIST_FIELDS else " (YAML mapping)"
+            attrs = {"rows": 3, "class": "yaml", "spellcheck": "false"}
             if spec.path in COMPONENT_LIST_FIELDS:
                 ids = registry_ids(COMPONENT_LIST_FIELDS[spec.path])
                 if ids:
                     hint += ". Registered ids: " + ", ".join(ids)
+                    # launch.js turns this into an "add component" select (ids only, never code).
+                    attrs["data-registry-ids"] = ",".join(ids)
+                    attrs["data-weighted"] = "1" if spec.path == "reward.components" else ""
             common["help_text"] = (spec.help + hint).strip()
-            return forms.CharField(
-                required=False,
-                widget=forms.Textarea(attrs={"rows": 3, "class": "yaml", "spellcheck": "false"}),
-                **common,
-            )
+            return forms.CharField(required=False, widget=forms.Textarea(attrs=attrs), **common)
         return forms.CharField(required=False, strip=True, **common)
 
     # Grouping for templates --------------------------------------------------------------------
@@ -499,10 +511,11 @@ def form_data_from_config(config: dict[str, Any]) -> dict[str, str]:
     Keys the schema does not know are not representable as widgets and are returned by
     ``unknown_keys``."""
     data: dict[str, str] = {}
+    defaults = default_config()
     for spec in schema_fields():
         value = get_path(config, spec.path, _MISSING)
         if value is _MISSING:
-            value = get_path(default_config(), spec.path)
+            value = get_path(defaults, spec.path)
         if spec.kind == "bool":
             if value:
                 data[spec.name] = "on"

@@ -21,3 +21,36 @@
   if (first) show(first);
   document.body.classList.add("js-tabs");
 })();
+
+// Component lists (eval.metrics, reward.components) are YAML text areas; offer the registered ids
+// as an "add" select that appends an entry, so nobody has to remember the ids.
+(function () {
+  "use strict";
+  document.querySelectorAll("textarea[data-registry-ids]").forEach((area) => {
+    const ids = area.dataset.registryIds.split(",").filter(Boolean);
+    if (!ids.length) return;
+    const select = document.createElement("select");
+    select.className = "add-component";
+    select.setAttribute("aria-label", "Add a component to " + area.name);
+    const first = document.createElement("option");
+    first.value = "";
+    first.textContent = "+ add…";
+    select.appendChild(first);
+    ids.forEach((id) => {
+      const opt = document.createElement("option");
+      opt.value = id;
+      opt.textContent = id;
+      select.appendChild(opt);
+    });
+    select.addEventListener("change", () => {
+      if (!select.value) return;
+      let text = area.value.replace(/\s+$/, "");
+      if (text === "[]") text = "";
+      const entry = "- id: " + select.value + (area.dataset.weighted ? "\n  weight: 1.0" : "") + "\n  args: {}";
+      area.value = (text ? text + "\n" : "") + entry + "\n";
+      select.value = "";
+      area.dispatchEvent(new Event("input", { bubbles: true }));
+    });
+    area.insertAdjacentElement("afterend", select);
+  });
+})();
