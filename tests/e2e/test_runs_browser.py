@@ -126,3 +126,23 @@ def test_live_generations_are_inserted_as_text_not_html(
     expect(cell).to_have_text(f"g {payload}")
     assert page.locator("#samples-body img, #samples-body script").count() == 0
     assert page.evaluate("window.__xss") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_zoom_fetches_full_resolution(page: Any, asgi_server: Any, researcher: Any, password_of: Any) -> None:
+    """The overview of a long metric is downsampled; zooming loads every point of the range."""
+    from webapp.runs import services
+
+    run = services.create_run({"name": "long"}, user=researcher)
+    services.ingest_metrics(run.pk, [("train/reward_mean", s, (s % 97) / 97) for s in range(20_000)])
+    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    page.goto(f"{asgi_server.url}/runs/{run.pk}/")
+    page.wait_for_function("window.grueRun && window.grueRun.pointCount() > 0")
+    chart = "document.querySelector('.chart[data-group=reward]')"
+    overview = page.evaluate(f"{chart}.data[0].x.length")
+    assert 0 < overview < 20_000  # downsampled by the server
+    page.evaluate(f"Plotly.relayout({chart}, {{'xaxis.range': [1000, 1300]}})")
+    page.wait_for_function(f"{chart}.dataset.zoomed === '1000:1300'")
+    page.wait_for_function(f"{chart}.data[0].x.length === 301")  # every step of the range
+    page.evaluate(f"Plotly.relayout({chart}, {{'xaxis.autorange': true}})")
+    page.wait_for_function(f"{chart}.data[0].x.length === {overview}")

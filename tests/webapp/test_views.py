@@ -391,6 +391,9 @@ def test_run_table_filters_sort_pagination_with_1000_runs(
     expected = sorted(f"run-{i:04d}" for i in range(1000) if i % 3 == 1 and i % 2 == 0)
     assert names == expected[50:100]
     assert "algorithm=nlpo" in html and "tag=even" in html and "page=3" in html
+    # without a metrics choice the table shows the default columns plus the eval metrics runs report
+    html = researcher_client.get("/").content.decode()
+    assert re.search(r">train/reward_mean</a>", html) and re.search(r">eval/bleu</a>", html)
     # text search and status filter
     r = researcher_client.get("/", {"q": "run-0042"})
     assert re.findall(r'<a href="/runs/\d+/">(run-\d{4})</a>', r.content.decode()) == ["run-0042"]

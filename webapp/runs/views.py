@@ -74,6 +74,8 @@ def _chart_groups() -> list[dict[str, Any]]:
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
     table = queries.run_table(request.GET)
+    if not request.GET.get("metrics"):
+        table.metric_columns = table.metric_columns + _common_eval_keys(table.rows)
     params = request.GET.copy()
     params.pop("page", None)
     base_query = params.urlencode()
@@ -95,6 +97,16 @@ def run_list(request: HttpRequest) -> HttpResponse:
             "status_choices": [s.value for s in RunStatus],
         },
     )
+
+
+def _common_eval_keys(rows: list[Run], limit: int = 3) -> list[str]:
+    """The eval metrics most runs on this page report: default extra columns (no extra query)."""
+    counts: dict[str, int] = {}
+    for run in rows:
+        for key in run.last_metrics or {}:
+            if key.startswith("eval/"):
+                counts[key] = counts.get(key, 0) + 1
+    return sorted(counts, key=lambda k: (-counts[k], k))[:limit]
 
 
 # --------------------------------------------------------------------------- launch

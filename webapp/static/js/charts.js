@@ -56,6 +56,7 @@
       const s = this._get(name);
       s.zoom = new Map();
       for (let i = 0; i < xs.length; i++) s.zoom.set(xs[i], ys[i]);
+      if (this.zoomRange) this.el.dataset.zoomed = this.zoomRange[0] + ":" + this.zoomRange[1];
     }
     addPoint(name, step, value) {
       const s = this._get(name);
@@ -117,6 +118,7 @@
       if (ev["xaxis.autorange"] || ev.autosize) {
         if (this.zoomRange) {
           this.zoomRange = null;
+          delete this.el.dataset.zoomed;
           this.series.forEach((s) => { s.zoom = null; });
           this.schedule();
         }
