@@ -107,3 +107,13 @@ def test_downsampling_keeps_peaks_and_zoom_gives_full_resolution(run):
     z = queries.metric_series(run.pk, "loss", max_points=1000, x0=54_000, x1=54_500)
     assert not z["downsampled"] and z["x"] == list(range(54_000, 54_501))
     assert z["y"][321] == 50.0
+
+
+def test_series_cache_sees_new_points(run):
+    services.ingest_metrics(run.pk, [("r", s, 0.0) for s in range(5000)], returning=False)
+    first = queries.metric_series(run.pk, "r", max_points=100)
+    assert max(first["y"]) == 0.0 and first["total"] == 5000
+    assert queries.metric_series(run.pk, "r", max_points=100) == first  # served again (cached)
+    services.ingest_metrics(run.pk, [("r", 5000, 7.0)])
+    again = queries.metric_series(run.pk, "r", max_points=100)
+    assert again["total"] == 5001 and again["x"][-1] == 5000 and max(again["y"]) == 7.0

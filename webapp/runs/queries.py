@@ -4,12 +4,15 @@ cursors for live catch-up, exports and comparisons. No function here changes sta
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.cache import cache
 from django.db import connection
 from django.db.models import F, FloatField, Q, QuerySet
 from django.db.models.fields.json import KeyTextTransform
@@ -178,52 +181,72 @@ def metric_series(
     """Points of one metric for a chart: ``{"key", "x": [...steps], "y": [...], "total", "downsampled",
     "x0", "x1", "last_id"}``.
 
-    With more than ``max_points`` points in the range, the steps are cut into ``max_points // 4``
-    equal buckets and each bucket keeps its first, last, minimum and maximum point: spikes survive
-    (unlike averaging or striding). A zoom range ``[x0, x1]`` (steps) returns full resolution when
-    it holds at most ``max_points`` points, and is downsampled the same way otherwise.
+    When the range holds more than ``max_points`` points, the steps are cut into equal buckets and
+    each bucket keeps the point with its minimum and the point with its maximum (plus the range's
+    first and last point): spikes survive, unlike averaging or striding. A zoom range
+    ``[x0, x1]`` (steps) gets full resolution once it holds at most ``max_points`` points.
+    Results are cached per (run, key, range, newest metric id of the run), so a finished run's
+    chart is computed once and a live run's chart is recomputed only when it has new points.
     """
+    max_points = max(8, int(max_points))
     table = MetricPoint._meta.db_table
     where = "run_id = %s AND key = %s"
     args: list[Any] = [run_id, key]
     if x0 is not None:
         where += " AND step >= %s"
-        args.append(int(x0) if float(x0).is_integer() else float(x0))
+        args.append(math.ceil(float(x0)))
     if x1 is not None:
         where += " AND step <= %s"
-        args.append(int(x1) if float(x1).is_integer() else float(x1))
-    max_points = max(8, int(max_points))
+        args.append(math.floor(float(x1)))
+    version = metric_cursor(run_id)
+    # Ids restart in a re-created database (tests): the run's creation time and the database name
+    # keep cache entries of different runs with the same id apart.
+    created = Run.objects.filter(pk=run_id).values_list("created", flat=True).first()
+    ident = [connection.settings_dict["NAME"], run_id, str(created), key, max_points, args[2:], version]
+    ck = "grue:series:" + hashlib.sha1(json.dumps(ident).encode()).hexdigest()
+    cached = _cache_get(ck)
+    if cached is not None:
+        return cached
     with connection.cursor() as cur:
-        cur.execute(f"SELECT count(*), min(step), max(step), max(id) FROM {table} WHERE {where}", args)
-        total, lo, hi, last_id = cur.fetchone()
-        if total <= max_points:
-            cur.execute(f"SELECT step, value FROM {table} WHERE {where} ORDER BY step", args)
-            pts = cur.fetchall()
-            downsampled = False
-        else:
-            nb = max(1, max_points // 4)
-            width = (hi - lo + 1) / nb
-            # Inside each bucket: rank points by step (first/last) and by value (min/max), keep those.
+        # Both ends come from the (run, key, step) index: no scan.
+        cur.execute(f"SELECT min(step), max(step) FROM {table} WHERE {where}", args)
+        lo, hi = cur.fetchone()
+        pts: list[tuple[int, float | None]] = []
+        downsampled = False
+        total = 0
+        if lo is not None and hi - lo + 1 > max_points:
+            nb = max(1, (max_points - 2) // 2)
+            width = -(-(hi - lo + 1) // nb)  # ceil: integer bucket width in steps
+            ok = "value IS NOT NULL AND value <> 'NaN'::float8"
             cur.execute(
                 f"""
-                SELECT step, value FROM (
-                  SELECT step, value,
-                    row_number() OVER (PARTITION BY b ORDER BY step) AS r_first,
-                    row_number() OVER (PARTITION BY b ORDER BY step DESC) AS r_last,
-                    row_number() OVER (PARTITION BY b ORDER BY value ASC NULLS LAST, step) AS r_min,
-                    row_number() OVER (PARTITION BY b ORDER BY value DESC NULLS LAST, step) AS r_max
-                  FROM (
-                    SELECT step, value, floor((step - %s) / %s)::int AS b FROM {table} WHERE {where}
-                  ) t
-                ) r
-                WHERE r_first = 1 OR r_last = 1 OR r_min = 1 OR r_max = 1
-                ORDER BY step
+                SELECT count(*), min(ARRAY[value, step::float8]) FILTER (WHERE {ok}),
+                       max(ARRAY[value, step::float8]) FILTER (WHERE {ok})
+                FROM {table} WHERE {where} GROUP BY (step - %s) / %s
                 """,
-                [lo, width, *args],
+                [*args, lo, width],
             )
+            rows = cur.fetchall()
+            total = sum(r[0] for r in rows)
+            if total > max_points:
+                downsampled = True
+                chosen: dict[int, float | None] = {}
+                for _n, mn, mx in rows:
+                    for pair in (mn, mx):
+                        if pair is not None:
+                            chosen[int(pair[1])] = pair[0]
+                cur.execute(
+                    f"SELECT step, value FROM {table} WHERE run_id = %s AND key = %s AND step = ANY(%s)",
+                    [run_id, key, [lo, hi]],
+                )
+                for step, value in cur.fetchall():
+                    chosen[step] = value
+                pts = sorted(chosen.items())
+        if lo is not None and not downsampled:
+            cur.execute(f"SELECT step, value FROM {table} WHERE {where} ORDER BY step", args)
             pts = cur.fetchall()
-            downsampled = True
-    return {
+            total = len(pts)
+    result = {
         "key": key,
         "x": [p[0] for p in pts],
         "y": [clean_float(p[1]) for p in pts],
@@ -231,8 +254,24 @@ def metric_series(
         "downsampled": downsampled,
         "x0": lo,
         "x1": hi,
-        "last_id": last_id or 0,
+        "last_id": version,
     }
+    _cache_set(ck, result)
+    return result
+
+
+def _cache_get(key: str) -> Any:
+    try:
+        return cache.get(key)
+    except Exception:  # noqa: BLE001 - a cache outage only costs time
+        return None
+
+
+def _cache_set(key: str, value: Any) -> None:
+    try:
+        cache.set(key, value, timeout=24 * 3600)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def metric_series_many(
