@@ -45,6 +45,7 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = runs_dir / f"daphne-e2e-{self.port}.log"
         env = dict(os.environ)
+        env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the browser fixture's exemption is for this process only
         env.update(
             DJANGO_SETTINGS_MODULE="webapp.settings",
             GRUE_TEST_DB_NAME=test_db_name,
