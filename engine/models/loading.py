@@ -156,8 +156,12 @@ def disable_dropout(model: Any) -> None:
     import torch
 
     for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
             m.p = 0.0
+        # functional dropout reads float attributes (T5's ``self.dropout``, Llama's ``attention_dropout``)
+        for attr, value in list(vars(m).items()):
+            if "dropout" in attr.lower() and isinstance(value, float):
+                setattr(m, attr, 0.0)
     cfg = getattr(model, "config", None)
     if cfg is not None:
         for attr in list(vars(cfg)):
