@@ -263,3 +263,23 @@ def test_human_eval_for_run_and_leaderboard(two_runs):
     assert services.human_eval_for_run(bad)[0]["rating"] < he[0]["rating"]
     board = services.leaderboard()[0]
     assert [r["run_id"] for r in board["rows"]] == [good.pk, bad.pk]
+
+
+def test_expired_reservations_are_reclaimed_when_nothing_else_is_left():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    camp = services.create_campaign_from_upload("c", sentiment_upload(1), overlap=1)
+    gone, other = make_user("gone"), make_user("other")
+    services.add_member(camp, gone)
+    services.add_member(camp, other)
+    services.start_campaign(camp)
+    stale = services.next_item(camp, gone)  # then the tab is closed
+    assert services.next_item(camp, other) is None  # the only slot is reserved
+    Assignment.objects.filter(pk=stale.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    fresh = services.next_item(camp, other)
+    assert fresh is not None and fresh.item_id == stale.item_id
+    assert Item.objects.get(pk=fresh.item_id).slots_taken == 1  # released once, taken once
+    with pytest.raises(services.Rejected, match="already submitted or skipped"):
+        services.record_judgment(gone, stale.token, item_id=stale.item_id, choice="left")
