@@ -146,3 +146,8 @@ def test_zoom_fetches_full_resolution(page: Any, asgi_server: Any, researcher: A
     page.wait_for_function(f"{chart}.data[0].x.length === 301")  # every step of the range
     page.evaluate(f"Plotly.relayout({chart}, {{'xaxis.autorange': true}})")
     page.wait_for_function(f"{chart}.data[0].x.length === {overview}")
+    # The smoothing is a debiased EMA; by hand for alpha = 0.5 over [1, 2, gap, 4]:
+    # 0.5/0.5 = 1, (0.25 + 1)/0.75 = 5/3, gap, (0.625 + 2)/0.875 = 3.
+    smoothed = page.evaluate("GrueCharts.ema([1, 2, null, 4], 0.5)")
+    assert smoothed[2] is None
+    assert [round(v, 6) for v in (smoothed[0], smoothed[1], smoothed[3])] == [1.0, round(5 / 3, 6), 3.0]
