@@ -1,0 +1,338 @@
+"""Platform benchmark (not a test): ingestion rate, live latency, chart data and page load.
+
+    make bench                       # embedded services when DATABASE_URL/REDIS_URL are unset
+    DATABASE_URL=... REDIS_URL=... .venv/bin/python bench/ingest.py [--points 200000] [--json out.json]
+
+Measures
+  1. metric points/s from the worker's DbSink into PostgreSQL (COPY → temp table → INSERT … ON
+     CONFLICT DO NOTHING RETURNING id), with and without the broadcast, and for replays;
+  2. worker → browser latency over a real websocket on loopback (daphne subprocess, session auth):
+     the "worker" stores a point whose value is its send time, the client records arrival time;
+  3. for a metric with 100,000 points: the chart-data request (cold and cached) and the run page
+     load in Debian chromium through Playwright (navigation until the charts are drawn).
+Targets (issue #3): ≥ 50,000 points/s, p95 < 250 ms, chart data < 50 ms, page < 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import math
+import os
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.contrib.auth.models import Group, User  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.test import Client  # noqa: E402
+
+from webapp.runs import services  # noqa: E402
+from webapp.runs.models import Run  # noqa: E402
+from webapp.runs.tasks import DbSink  # noqa: E402
+
+KEYS = [
+    "train/reward_mean",
+    "train/reward_std",
+    "train/kl",
+    "train/kl_coef",
+    "loss/policy",
+    "loss/value",
+    "loss/total",
+    "policy/entropy",
+    "policy/approx_kl",
+    "policy/clipfrac",
+    "value/mean",
+    "value/explained_var",
+    "time/iteration_s",
+    "eval/rouge1",
+    "eval/rouge2",
+    "eval/bleu",
+    "eval/meteor",
+    "train/episode_length",
+    "policy/ratio_mean",
+    "policy/grad_norm",
+]
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100
+    f, c = math.floor(k), math.ceil(k)
+    return xs[f] if f == c else xs[f] + (xs[c] - xs[f]) * (k - f)
+
+
+def bench_ingest(n_points: int) -> dict[str, Any]:
+    steps = n_points // len(KEYS)
+    out: dict[str, Any] = {"points": steps * len(KEYS)}
+    for label, broadcast in (("sink_store_only", False), ("sink_store_and_broadcast", True)):
+        run = services.create_run({}, name=f"bench-ingest-{label}", tags=["bench"])
+        sink = DbSink(run.pk, batch_points=10_000, max_delay=3600, broadcast_enabled=broadcast)
+        t = time.perf_counter()
+        for step in range(steps):
+            sink.metrics(step, {k: math.sin(step / 50 + i) for i, k in enumerate(KEYS)})
+        sink.flush()
+        dt = time.perf_counter() - t
+        out[label] = {"seconds": dt, "points_per_s": steps * len(KEYS) / dt, "stored": sink.points_stored}
+        if label == "sink_store_only":
+            rows = [(k, s, 1.0) for s in range(steps) for k in KEYS]
+            t = time.perf_counter()
+            for i in range(0, len(rows), 50_000):
+                services.ingest_metrics(run.pk, rows[i : i + 50_000])
+            dt = time.perf_counter() - t
+            out["replay_all_duplicates"] = {"seconds": dt, "points_per_s": len(rows) / dt}
+        run.delete()
+    run = services.create_run({}, name="bench-ingest-raw", tags=["bench"])
+    rows = [(k, s, float(s)) for s in range(steps) for k in KEYS]
+    t = time.perf_counter()
+    for i in range(0, len(rows), 50_000):
+        services.ingest_metrics(run.pk, rows[i : i + 50_000], returning=False)
+    dt = time.perf_counter() - t
+    out["ingest_metrics_50k_batches_no_returning"] = {"seconds": dt, "points_per_s": len(rows) / dt}
+    run.delete()
+    return out
+
+
+# --------------------------------------------------------------------------- a minimal websocket client
+
+
+class WS:
+    """RFC 6455 client over asyncio streams: enough for JSON text frames (no extra dependency)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.r, self.w = reader, writer
+
+    @classmethod
+    async def connect(cls, host: str, port: int, path: str, cookie: str) -> WS:
+        reader, writer = await asyncio.open_connection(host, port)
+        key = base64.b64encode(os.urandom(16)).decode()
+        writer.write(
+            (
+                f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nOrigin: http://{host}:{port}\r\n"
+                f"Cookie: {cookie}\r\n\r\n"
+            ).encode()
+        )
+        head = await reader.readuntil(b"\r\n\r\n")
+        if b" 101 " not in head.split(b"\r\n")[0]:
+            raise RuntimeError(f"websocket upgrade refused: {head[:200]!r}")
+        return cls(reader, writer)
+
+    async def send_json(self, obj: Any) -> None:
+        payload = json.dumps(obj).encode()
+        mask = os.urandom(4)
+        n = len(payload)
+        header = bytes([0x81]) + (
+            bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + struct.pack(">H", n)
+        )
+        self.w.write(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+        await self.w.drain()
+
+    async def recv_json(self) -> Any:
+        while True:
+            b1, b2 = await self.r.readexactly(2)
+            n = b2 & 0x7F
+            if n == 126:
+                n = struct.unpack(">H", await self.r.readexactly(2))[0]
+            elif n == 127:
+                n = struct.unpack(">Q", await self.r.readexactly(8))[0]
+            data = await self.r.readexactly(n)
+            if b1 & 0x0F == 1:
+                return json.loads(data)
+            if b1 & 0x0F == 8:
+                raise RuntimeError("websocket closed by server")
+
+    def close(self) -> None:
+        self.w.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_daphne(port: int) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "webapp.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.1)
+    raise RuntimeError("daphne did not start")
+
+
+def session_cookie(user: User) -> str:
+    c = Client()
+    c.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={c.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+async def _latency(port: int, cookie: str, run_id: int, n: int, rate: float) -> list[float]:
+    ws = await WS.connect("127.0.0.1", port, f"/ws/runs/{run_id}/", cookie)
+    await ws.send_json({"type": "subscribe", "after": {}})
+    while (await ws.recv_json())["type"] != "caught_up":
+        pass
+    loop = asyncio.get_running_loop()
+    sink = DbSink(run_id)
+    lat: list[float] = []
+
+    def produce() -> None:
+        for step in range(n):
+            sink.metrics(step, {"bench/sent_at": time.time()})
+            time.sleep(1 / rate)
+
+    producer = loop.run_in_executor(None, produce)
+    while len(lat) < n:
+        msg = await asyncio.wait_for(ws.recv_json(), 30)
+        now = time.time()
+        if msg["type"] == "metrics":
+            lat.extend((now - p["value"]) * 1000 for p in msg["points"] if p["key"] == "bench/sent_at")
+    await producer
+    ws.close()
+    return lat
+
+
+def bench_live_and_page(port: int, user: User, n_msgs: int) -> dict[str, Any]:
+    import requests
+
+    out: dict[str, Any] = {}
+    cookie = session_cookie(user)
+    run = services.create_run({}, name="bench-latency", tags=["bench"])
+    Run.objects.filter(pk=run.pk).update(status="running")
+    lat = asyncio.run(_latency(port, cookie, run.pk, n_msgs, rate=20))
+    out["websocket_latency_ms"] = {"n": len(lat), "p50": pct(lat, 50), "p95": pct(lat, 95), "max": max(lat)}
+    run.delete()
+
+    # a run with a 100,000-point metric (plus the usual other keys, 2,000 points each)
+    big = services.create_run({}, name="bench-100k", tags=["bench"])
+    rows = [
+        ("train/reward_mean", s, math.sin(s / 500) + (5.0 if s == 61_234 else 0.0)) for s in range(100_000)
+    ]
+    services.ingest_metrics(big.pk, rows, returning=False)
+    services.ingest_metrics(big.pk, [(k, s, 0.1 * s) for k in KEYS[1:] for s in range(2000)], returning=False)
+    services.ingest_samples(
+        big.pk,
+        99_999,
+        "train",
+        [{"prompt": f"p{i}", "generation": "g " * 30, "reward": 0.5} for i in range(20)],
+    )
+    Run.objects.filter(pk=big.pk).update(status="succeeded")
+    s = requests.Session()
+    s.headers["Cookie"] = cookie
+    url = f"http://127.0.0.1:{port}/runs/{big.pk}/series.json?keys=train/reward_mean"
+    t = time.perf_counter()
+    r = s.get(url, timeout=60)
+    cold = (time.perf_counter() - t) * 1000
+    r.raise_for_status()
+    body = r.json()["series"]["train/reward_mean"]
+    assert body["downsampled"] and 61_234 in body["x"], "the spike must survive downsampling"
+    warm = []
+    for _ in range(20):
+        t = time.perf_counter()
+        s.get(url, timeout=60).raise_for_status()
+        warm.append((time.perf_counter() - t) * 1000)
+    t = time.perf_counter()
+    s.get(
+        f"http://127.0.0.1:{port}/runs/{big.pk}/series.json?keys=train/reward_mean&x0=61000&x1=61500",
+        timeout=60,
+    ).raise_for_status()
+    zoom = (time.perf_counter() - t) * 1000
+    out["chart_data_100k_ms"] = {
+        "cold": cold,
+        "cached_median": statistics.median(warm),
+        "cached_p95": pct(warm, 95),
+        "zoom_full_res": zoom,
+        "points_returned": len(body["x"]),
+    }
+    t = time.perf_counter()
+    s.get(f"http://127.0.0.1:{port}/runs/{big.pk}/series.json", timeout=60).raise_for_status()
+    out["chart_data_all_keys_ms"] = (time.perf_counter() - t) * 1000
+    t = time.perf_counter()
+    s.get(f"http://127.0.0.1:{port}/runs/{big.pk}/", timeout=60).raise_for_status()
+    out["run_page_html_ms"] = (time.perf_counter() - t) * 1000
+    out["run_page_browser_ms"] = browser_page_load(port, cookie, big.pk)
+    big.delete()
+    return out
+
+
+def browser_page_load(port: int, cookie: str, run_id: int) -> dict[str, Any] | str:
+    """Navigation start → every chart drawn, in Debian chromium (cold browser cache, then warm)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return "playwright not installed"
+    exe = "/usr/bin/chromium"
+    if not Path(exe).exists():
+        return "no /usr/bin/chromium"
+    name, value = cookie.split("=", 1)
+    times = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        ctx = browser.new_context()
+        ctx.add_cookies([{"name": name, "value": value, "domain": "127.0.0.1", "path": "/"}])
+        page = ctx.new_page()
+        for _ in range(3):
+            t = time.perf_counter()
+            page.goto(f"http://127.0.0.1:{port}/runs/{run_id}/")
+            page.wait_for_selector(".chart-card .main-svg", timeout=30_000)
+            page.wait_for_load_state("networkidle")
+            times.append((time.perf_counter() - t) * 1000)
+        browser.close()
+    return {"first": times[0], "repeat_median": statistics.median(times[1:])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--points", type=int, default=200_000)
+    ap.add_argument("--messages", type=int, default=200)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    call_command("migrate", verbosity=0)
+    user, _ = User.objects.get_or_create(username="bench-researcher")
+    user.groups.add(Group.objects.get_or_create(name="researcher")[0])
+    Run.objects.filter(tags__contains=["bench"]).delete()
+
+    results: dict[str, Any] = {"cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
+    results["ingest"] = bench_ingest(args.points)
+    port = free_port()
+    proc = start_daphne(port)
+    try:
+        results.update(bench_live_and_page(port, user, args.messages))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    results["load_avg_1m_end"] = os.getloadavg()[0]
+    print(json.dumps(results, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
