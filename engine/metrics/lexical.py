@@ -168,8 +168,8 @@ class _SacreMetric(Metric):
     def __init__(self, **kwargs: Any):
         try:
             self._metric = self._make(**kwargs)
-        except TypeError as exc:
-            raise MetricError(f"{self.key}: bad sacrebleu arguments {sorted(kwargs)}: {exc}") from exc
+        except (TypeError, KeyError, ValueError) as exc:
+            raise MetricError(f"{self.key}: bad sacrebleu arguments {kwargs}: {exc!r}") from exc
         self.reward_key = self.key
 
     def compute(self, prompts, generations, references, meta=None) -> MetricResult:

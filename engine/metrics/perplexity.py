@@ -73,7 +73,10 @@ class Perplexity(Metric):
         eos = self.tokenizer.eos_token_id
         self.eos = int(eos if eos is not None else bos)
         self.condition_on_prompt = condition_on_prompt
-        self.batch_size, self.max_length, self.device = batch_size, max_length, device
+        cfg = self.model.config
+        limit = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+        self.max_length = min(max_length, int(limit)) if limit else max_length  # longer texts keep their end
+        self.batch_size, self.device = batch_size, device
 
     def token_nlls(self, prompts: list[str], generations: list[str]) -> list[list[float]]:
         """Negative log-likelihood of every generation token (natural log)."""
