@@ -9,19 +9,23 @@ which is what ToTTo reports:
   ``p(g in R) = min(1, count_R(g) / count_G(g))``.
 * Entailed recall against the reference, of order n:
   ``R_n = sum_g c_R(g) w(g) min(1, count_G(g) / c_R(g)) / sum_g c_R(g) w(g)`` (1 when the denominator is 0).
-* Recall against the table: mean over the table's entries (attribute, value) of
-  ``LCS(value, generation) / |value|``.
+* Recall against the table: mean over the recall table's entries of ``LCS(value, generation) / |value|``.
 * P = geometric mean of P_1..P_4, R_ref likewise (orders 2..4 that are 0 become 1e-5, as the
   reference implementation smooths); R = R_ref^(1-lambda) * R_table^lambda; F = 2PR / (P + R).
-  ``lambda`` is 0.5 by default; ``lambda_weight=None`` uses the paper's per-example
-  ``1 - (mean mention probability of the table entries in the reference)``.
-* Several references: the one with the best F counts. Corpus values are means over samples.
+  ``lambda_weight=None`` (default, as ToTTo's ``totto_parent_eval.py``) uses the paper's per-example
+  ``lambda = 1 - (mean mention probability of the recall table's entries in the reference)``;
+  a number fixes lambda (0.5 is the original ``table_text_eval.py`` default).
+* Several references: the one with the best F counts. Corpus values are means over samples, in [0, 1]
+  (ToTTo's script prints them x100).
 
-Tables come from ``meta``: either ``meta["table"]`` = list of ``[attribute, value]`` pairs (strings), or
-a raw ToTTo example (``meta["raw_table"]``, or ``meta`` itself, with ``table``, ``highlighted_cells``,
-``table_page_title``, ``table_section_title``), turned into pairs as ToTTo's evaluation does: page title,
-section title, and each highlighted cell with its row/column header cells as attribute.
-Tokens: lowercased words and punctuation marks (``simple_tokenize``).
+Tables come from ``meta``: either ``meta["table"]`` = list of ``[attribute, value]`` pairs (strings; used
+for both entailment and table recall), or a raw ToTTo example (``meta["raw_table"]`` as the ``totto``
+task writes it, or ``meta`` itself) turned into two tables exactly as ToTTo's
+``prepare_references_for_eval.py`` does: the entailment ("precision") table holds every cell of the
+whole table plus page title, section title and section text; the recall table holds the highlighted
+cells plus page and section title. Attributes never enter the computation (only values do).
+Tokens: ToTTo's normalisation, sacrebleu's 13a tokenizer on lowercased text (``tokenizer="13a"``,
+default) or lowercased words and punctuation marks (``tokenizer="simple"``).
 """
 
 from __future__ import annotations
@@ -66,13 +70,19 @@ def parent_single(
     lambda_weight: float | None = 0.5,
     smoothing: float = 1e-5,
     max_order: int = 4,
+    recall_table: Table | None = None,
 ) -> tuple[float, float, float]:
-    """(precision, recall, F) of one tokenised prediction; see the module docstring."""
-    if not table:
+    """(precision, recall, F) of one tokenised prediction; see the module docstring.
+
+    ``table`` gives the entailment probabilities; ``recall_table`` (default: the same) the entries
+    whose mention is the table recall (ToTTo: the highlighted cells only).
+    """
+    recall_table = table if recall_table is None else recall_table
+    if not table or not recall_table:
         raise MetricError("parent: the table has no (attribute, value) entries")
     values = {t for _, v in table for t in v}
     best = (0.0, 0.0, -1.0)
-    table_rec = sum(mention_probability(e, prediction) for e in table) / len(table)
+    table_rec = sum(mention_probability(e, prediction) for e in recall_table) / len(recall_table)
     for reference in references:
         precs, recs = [], []
         for n in range(1, max_order + 1):
@@ -96,7 +106,7 @@ def parent_single(
         ref_rec = smoothing if min(recs) == 0 else math.exp(sum(math.log(r) for r in recs) / max_order)
         t_rec = table_rec or smoothing
         if lambda_weight is None:
-            lw = 1.0 - sum(mention_probability(e, reference) for e in table) / len(table)
+            lw = 1.0 - sum(mention_probability(e, reference) for e in recall_table) / len(recall_table)
         else:
             lw = lambda_weight
         rec = math.exp((1.0 - lw) * math.log(ref_rec) + lw * math.log(t_rec))
@@ -106,100 +116,112 @@ def parent_single(
     return best
 
 
-def _totto_pairs(example: dict[str, Any]) -> list[tuple[str, str]]:
-    """ToTTo raw example -> (attribute, value) pairs: titles plus highlighted cells with their headers."""
+def _clean(value: Any) -> str:
+    return str(value or "").strip().replace("|", "-")
+
+
+def totto_tables(example: dict[str, Any]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(precision table, recall table) of a raw ToTTo example, as ToTTo's official evaluation builds them.
+
+    Precision (entailment) table: every cell of the whole table ("header"/"cell", value) plus page title,
+    section title and section text. Recall table: the highlighted cells plus page and section title.
+    """
     rows = example.get("table")
     if not isinstance(rows, list):
-        raise MetricError("parent: raw ToTTo table has no 'table' list")
-    # Lay out the spans on a grid so that a cell's column is its visual column.
-    grid: dict[tuple[int, int], dict[str, Any]] = {}
-    pos: dict[tuple[int, int], tuple[int, int]] = {}
-    for r, row in enumerate(rows):
-        c = 0
-        for ci, cell in enumerate(row):
-            while (r, c) in grid:
-                c += 1
-            pos[(r, ci)] = (r, c)
-            for dr in range(int(cell.get("row_span", 1) or 1)):
-                for dc in range(int(cell.get("column_span", 1) or 1)):
-                    grid.setdefault((r + dr, c + dc), cell)
-            c += int(cell.get("column_span", 1) or 1)
-    pairs: list[tuple[str, str]] = []
-    if example.get("table_page_title"):
-        pairs.append(("page_title", str(example["table_page_title"])))
-    if example.get("table_section_title"):
-        pairs.append(("section_title", str(example["table_section_title"])))
-    for r, ci in example.get("highlighted_cells", []):
-        if (r, ci) not in pos:
-            raise MetricError(f"parent: highlighted cell {[r, ci]} is outside the table")
-        gr, gc = pos[(r, ci)]
-        cell = grid[(gr, gc)]
-        headers: list[str] = []
-        for (hr, hc), h in sorted(grid.items()):
-            if h is cell or not h.get("is_header") or h["value"] in headers:
-                continue
-            if (hc == gc and hr < gr) or (hr == gr and hc < gc):
-                headers.append(h["value"])
-        pairs.append((" ".join(headers), str(cell.get("value", ""))))
-    return pairs
+        raise MetricError("parent: raw ToTTo example has no 'table' list")
+    titles = [(k, _clean(example.get(f"table_{k}"))) for k in ("page_title", "section_title")]
+    titles = [(k, v) for k, v in titles if v]
+    prec: list[tuple[str, str]] = []
+    for row in rows:
+        for cell in row:
+            if _clean(cell.get("value")):
+                prec.append(("header" if cell.get("is_header") else "cell", _clean(cell.get("value"))))
+    prec += titles
+    if _clean(example.get("table_section_text")):
+        prec.append(("section_text", _clean(example.get("table_section_text"))))
+    rec: list[tuple[str, str]] = []
+    for r, c in example.get("highlighted_cells", []):
+        try:
+            cell = rows[r][c]
+        except (IndexError, TypeError):
+            raise MetricError(f"parent: highlighted cell {[r, c]} is outside the table") from None
+        if _clean(cell.get("value")):
+            rec.append(("header" if cell.get("is_header") else "cell", _clean(cell.get("value"))))
+    return prec, rec + titles
 
 
-def table_from_meta(meta: dict[str, Any], index: int = 0) -> Table:
-    """Tokenised (attribute, value) entries from a sample's meta (formats in the module docstring)."""
-    if (
-        "table" in meta
-        and isinstance(meta["table"], list)
-        and meta["table"]
-        and not isinstance(meta["table"][0], list | tuple)
+def _tokenizer(name: str) -> Any:
+    if name == "13a":
+        from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+        tok13a = Tokenizer13a()
+        return lambda text: tok13a(text.strip().lower()).split()
+    if name == "simple":
+        return simple_tokenize
+    raise MetricError(f"parent: tokenizer must be '13a' or 'simple', got {name!r}")
+
+
+def tables_from_meta(
+    meta: dict[str, Any], index: int = 0, tokenize: Any = simple_tokenize
+) -> tuple[Table, Table]:
+    """Tokenised (precision table, recall table) from a sample's meta (formats in the module docstring)."""
+    raw = meta.get("table")
+    if isinstance(raw, list) and all(
+        isinstance(p, list | tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in raw
     ):
+        prec = rec = [tuple(p) for p in raw]
+    elif isinstance(raw, list) and raw and not isinstance(raw[0], list | tuple):
         raise MetricError(f"meta[{index}].table: expected a list of [attribute, value] pairs")
-    if (
-        "table" in meta
-        and isinstance(meta["table"], list)
-        and all(
-            isinstance(p, list | tuple) and len(p) == 2 and all(isinstance(x, str) for x in p)
-            for p in meta["table"]
-        )
-    ):
-        pairs = [tuple(p) for p in meta["table"]]
     elif isinstance(meta.get("raw_table"), dict):
-        pairs = _totto_pairs(meta["raw_table"])
+        prec, rec = totto_tables(meta["raw_table"])
     elif "highlighted_cells" in meta:
-        pairs = _totto_pairs(meta)
+        prec, rec = totto_tables(meta)
     else:
         raise MetricError(
             f"meta[{index}]: PARENT needs 'table' ([attribute, value] pairs) or a raw ToTTo example ('raw_table')"
         )
-    table = [(simple_tokenize(a), simple_tokenize(v)) for a, v in pairs]
-    table = [e for e in table if e[1]]
-    if not table:
-        raise MetricError(f"meta[{index}]: the table has no non-empty values")
-    return table
+    out = []
+    for pairs in (prec, rec):
+        table = [(tokenize(a), tokenize(v)) for a, v in pairs]
+        table = [e for e in table if e[1]]
+        if not table:
+            raise MetricError(f"meta[{index}]: the table has no non-empty values")
+        out.append(table)
+    return out[0], out[1]
 
 
 @metrics.register("parent", "PARENT-W precision/recall/F (Dhingra et al. 2019) against the meta table")
 class Parent(Metric):
-    """PARENT with the word-overlap entailment model; ``lambda_weight=None`` = the paper's adaptive lambda."""
+    """PARENT-W as ToTTo evaluates it; ``lambda_weight=None`` (default) = the per-example lambda."""
 
     reward_key = "table_to_text/parent_overall_f_score"
 
-    def __init__(self, lambda_weight: float | None = 0.5, smoothing: float = 1e-5, max_order: int = 4):
+    def __init__(
+        self,
+        lambda_weight: float | None = None,
+        smoothing: float = 1e-5,
+        max_order: int = 4,
+        tokenizer: str = "13a",
+    ):
         if lambda_weight is not None and not 0.0 <= lambda_weight <= 1.0:
-            raise MetricError(f"parent: lambda_weight must be in [0, 1], got {lambda_weight}")
+            raise MetricError(f"parent: lambda_weight must be in [0, 1] or null, got {lambda_weight}")
         self.lambda_weight, self.smoothing, self.max_order = lambda_weight, smoothing, max_order
+        self.tokenize = _tokenizer(tokenizer)
 
     def compute(self, prompts, generations, references, meta=None) -> MetricResult:
         meta = meta if meta is not None else [{} for _ in generations]
         check_inputs(prompts, generations, references, meta, need_references=True)
         ps, rs, fs = [], [], []
         for i, (g, refs, m) in enumerate(zip(generations, references, meta)):
+            prec_table, rec_table = tables_from_meta(m, i, self.tokenize)
             p, r, f = parent_single(
-                simple_tokenize(g),
-                [simple_tokenize(x) for x in refs],
-                table_from_meta(m, i),
+                self.tokenize(g),
+                [self.tokenize(x) for x in refs],
+                prec_table,
                 self.lambda_weight,
                 self.smoothing,
                 self.max_order,
+                recall_table=rec_table,
             )
             ps.append(p)
             rs.append(r)

@@ -11,7 +11,7 @@ import pytest
 from engine.metrics import MetricError
 from engine.metrics.cider import cider_d
 from engine.metrics.meteor import ensure_wordnet
-from engine.metrics.parent import _totto_pairs
+from engine.metrics.parent import totto_tables
 from engine.registry import metrics
 
 
@@ -92,7 +92,14 @@ def test_parent_hand_computed_unigrams():
     # "john is 30": every token in the reference or the table -> P = 1; R_ref = 1 (only "john" has weight);
     # table recall (1 + 1)/2 = 1 -> F = 1.
     # "john is 45": P = 2/3 ("45" neither in ref nor table); R_ref = 1; table recall 1/2 -> R = sqrt(1/2).
-    res = _run("parent", ["john is 30", "john is 45"], [["john is old"]] * 2, [TABLE, TABLE], max_order=1)
+    res = _run(
+        "parent",
+        ["john is 30", "john is 45"],
+        [["john is old"]] * 2,
+        [TABLE, TABLE],
+        max_order=1,
+        lambda_weight=0.5,
+    )
     p, r = 2 / 3, math.sqrt(0.5)
     assert res["table_to_text/parent_overall_precision"][0] == pytest.approx([1.0, p])
     assert res["table_to_text/parent_overall_recall"][0] == pytest.approx([1.0, r])
@@ -104,7 +111,7 @@ def test_parent_hand_computed_unigrams():
 def test_parent_reference_recall_weighted_by_table_entailment():
     # Reference "john is 30 years old": only "john" and "30" are entailed (weights 1); "john is old" misses 30.
     # P = 1 (all tokens in the reference), R_ref = 1/2, table recall 1/2 -> R = 1/2, F = 2/3.
-    res = _run("parent", ["john is old"], [["john is 30 years old"]], [TABLE], max_order=1)
+    res = _run("parent", ["john is old"], [["john is 30 years old"]], [TABLE], max_order=1, lambda_weight=0.5)
     assert res["table_to_text/parent_overall_f_score"][0][0] == pytest.approx(2 / 3, abs=1e-7)
 
 
@@ -128,8 +135,15 @@ def test_parent_reads_raw_totto_and_rejects_missing_table():
     ex = json.loads(
         (Path(__file__).parents[2] / "engine" / "metrics" / "assets" / "totto_dev_example.json").read_text()
     )
-    pairs = _totto_pairs(ex)
-    assert ("page_title", "Colin Hanlon") in pairs and ("Role", "Pete") in pairs and ("Year", "2015") in pairs
+    prec, rec = totto_tables(ex)
+    # recall table: the highlighted cells and the titles (ToTTo's prepare_references_for_eval.py)
+    assert rec == [
+        ("cell", "2015"), ("cell", "The 12"), ("cell", "Pete"), ("cell", "Denver Center"),
+        ("page_title", "Colin Hanlon"), ("section_title", "Theatre credits"),
+    ]  # fmt: skip
+    # precision (entailment) table: every cell of the whole table, titles and section text
+    assert ("header", "Year") in prec and ("cell", "Rent") in prec and ("page_title", "Colin Hanlon") in prec
+    assert len(prec) > len(rec)
     ref = ex["sentence_annotations"][0]["final_sentence"]
     res = _run("parent", [ref, "the weather is nice"], [[ref], [ref]], [{"raw_table": ex}, {"raw_table": ex}])
     good, bad = res["table_to_text/parent_overall_f_score"][0]
