@@ -69,6 +69,16 @@ def test_invalid_config_saves_nothing_and_names_fields(researcher, scratch_queue
     assert queued_messages(scratch_queue) == []
 
 
+@pytest.mark.django_db
+def test_output_dir_must_stay_inside_allowed_roots(researcher, settings, tmp_path):
+    settings.ALLOWED_ROOTS = [tmp_path]
+    with pytest.raises(services.ConfigInvalid) as exc:
+        services.create_run({**TINY, "train": {"output_dir": "/etc/grue"}}, user=researcher)
+    assert list(exc.value.field_errors) == ["train.output_dir"]
+    run = services.create_run({**TINY, "train": {"output_dir": str(tmp_path / "r1")}}, user=researcher)
+    assert run.config["train"]["output_dir"] == str(tmp_path / "r1")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_broker_down_keeps_run_as_retryable_draft(researcher, scratch_queue):
     good_url = celery_app.conf.broker_url

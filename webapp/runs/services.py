@@ -81,10 +81,18 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     from engine.config import ConfigError, parse_config
 
     try:
-        return parse_config(dict(config)).to_dict()
+        cfg = parse_config(dict(config)).to_dict()
     except ConfigError as exc:
         errors = exc.errors or [("(root)", str(exc))]
         raise ConfigInvalid(str(exc), errors) from None
+    out_dir = (cfg.get("train") or {}).get("output_dir")
+    if out_dir:
+        # The worker writes there: it must stay inside the allowed roots (or the runs directory).
+        try:
+            check_path(out_dir, [*settings.ALLOWED_ROOTS, Path(settings.RUNS_DIR)])
+        except PathNotAllowed as exc:
+            raise ConfigInvalid(str(exc), [("train.output_dir", str(exc))]) from None
+    return cfg
 
 
 def check_path(path: str | Path, roots: Iterable[Path] | None = None) -> Path:
