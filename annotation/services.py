@@ -1058,7 +1058,14 @@ def export_csv(camp: Campaign) -> str:
 
 
 def reward_models_dir() -> Path:
-    return Path(getattr(settings, "DATA_DIR", Path("var"))) / "reward_models"
+    """Where trained reward models are written: $GRUE_REWARD_MODELS_DIR, else <runs dir>/reward_models
+    (inside the allowed roots, so a launch form may point the learned reward at it)."""
+    import os
+
+    env = os.environ.get("GRUE_REWARD_MODELS_DIR")
+    if env:
+        return Path(env)
+    return Path(getattr(settings, "RUNS_DIR", Path("var") / "runs")) / "reward_models"
 
 
 @dataclass

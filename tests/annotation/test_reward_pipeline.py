@@ -18,8 +18,7 @@ from tests.annotation.conftest import make_user, sentiment_upload
 
 
 @pytest.mark.django_db(transaction=True)
-def test_judgments_train_a_reward_model_in_the_worker(celery_worker, wait_for, settings, tmp_path):
-    settings.DATA_DIR = tmp_path
+def test_judgments_train_a_reward_model_in_the_worker(celery_worker, wait_for, runs_dir):
     camp = services.create_campaign_from_upload("rm", sentiment_upload(40), overlap=3)
     users = [make_user(f"rater{i}") for i in range(3)]
     for u in users:
@@ -46,6 +45,7 @@ def test_judgments_train_a_reward_model_in_the_worker(celery_worker, wait_for, s
     rm.refresh_from_db()
     assert rm.status == "succeeded", rm.error + "\n" + celery_worker.log()[-3000:]
     assert rm.progress == 1.0 and rm.metrics["heldout_pairs"] >= 15
+    assert rm.path.startswith(str(runs_dir))  # written under the runs dir (inside the allowed roots)
     assert rm.metrics["heldout_accuracy"] >= 0.8  # chance is 0.5
 
     choice = next(c for c in services.reward_choices() if c["reward"]["args"]["model_path"] == rm.path)

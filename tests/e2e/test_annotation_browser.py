@@ -119,12 +119,17 @@ def _other(text: str) -> str:
 
 @pytest.mark.django_db(transaction=True)
 def test_researcher_runs_a_blind_comparison_in_the_browser(
-    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+    page: Any, live_server_with_worker: Any, researcher: Any, password_of: Any, wait_for: Any
 ) -> None:
+    """The whole loop: compare two runs blind, 3 annotators, results with intervals and agreement,
+    train a reward model from the judgments (real worker), launch a new run that optimises it."""
+    from webapp.runs.models import Run
+    from webapp.runs.services import cancel_run
+
     prompts = [f"Continue the review {i}:" for i in range(5)]
     good = make_run("kind-run", prompts, [f"a lovely film {i}" for i in range(5)], rewards=[0.9] * 5)
     bad = make_run("grumpy-run", prompts, [f"a dreadful film {i}" for i in range(5)], rewards=[0.1] * 5)
-    base = asgi_server.url
+    base = live_server_with_worker.url
     login(page, base, researcher.username, password_of(researcher), "/annotate/campaigns/new/")
     page.fill("input[name=name]", "kind vs grumpy")
     page.check(f"input[name=runs][value='{good.pk}']")
@@ -167,3 +172,27 @@ def test_researcher_runs_a_blind_comparison_in_the_browser(
     expect(page.locator("#agreement-table")).to_contain_text("Fleiss")
     expect(page.locator("#metric-table")).to_contain_text("reward")
     expect(page.locator("#annotator-table tbody tr")).to_have_count(3)
+
+    # Train a reward model from these judgments in the worker, then launch a run on it.
+    page.goto(f"{base}/annotate/campaigns/{camp.pk}/")
+    page.fill("input[name=epochs]", "1")
+    page.click("#train-rm-btn")
+    page.wait_for_url(f"{base}/annotate/reward-models/")
+    row = page.locator("tr[data-rm]").first
+    expect(row).to_have_attribute("data-status", "succeeded", timeout=300_000)  # the page polls, then reloads
+    expect(row.locator(".rm-acc")).not_to_be_empty()
+    row.get_by_text("Launch a run on it").click()
+    page.wait_for_url(f"{base}/launch/")
+    page.click("#section-tabs a[data-section=reward]")
+    option = page.locator("select[name=reward_preset] option", has_text="kind vs grumpy")
+    page.select_option("select[name=reward_preset]", value=option.first.get_attribute("value"))
+    page.click("#section-tabs a[data-section=general]")
+    page.fill("input[name=name]", "rlhf-run")
+    page.click("#launch-btn")
+    page.wait_for_url(re.compile(r".*/runs/\d+/$"))
+    run = Run.objects.get(name="rlhf-run")
+    rm_path = camp.reward_models.get().path
+    assert run.config["reward"]["id"] == "learned"
+    assert run.config["reward"]["args"] == {"model_path": rm_path, "label_index": 0}
+    cancel_run(run)  # the launch is what this test checks; free the shared worker
+    wait_for(lambda: Run.objects.get(pk=run.pk).is_finished, timeout=180, what="run cancelled")
