@@ -62,6 +62,30 @@ DEFAULT_AXES = [
 ]
 
 
+# Likert axes of the RL4LMs human-evaluation templates (Ramamurthy et al. 2023, appendix), 1–5 each.
+AXES_PRESETS = {
+    "generic": DEFAULT_AXES,
+    "imdb": [
+        {"name": "coherence", "labels": ["1 – incoherent", "2 – mostly incoherent", "3 – partly coherent",
+                                         "4 – mostly coherent", "5 – fully coherent with the review"]},
+        {"name": "sentiment", "labels": ["1 – very negative", "2 – negative", "3 – neutral", "4 – positive",
+                                         "5 – very positive"]},
+    ],
+    "commongen": [
+        {"name": "fluency", "labels": ["1 – not a sentence", "2 – many errors", "3 – understandable",
+                                       "4 – minor errors", "5 – fluent"]},
+        {"name": "commonsense", "labels": ["1 – impossible scene", "2 – implausible", "3 – odd but possible",
+                                           "4 – plausible", "5 – perfectly natural"]},
+    ],
+    "dialogue": [
+        {"name": "fluency", "labels": ["1 – broken", "2 – many errors", "3 – understandable", "4 – minor errors",
+                                       "5 – fluent"]},
+        {"name": "relevance", "labels": ["1 – ignores the context", "2 – barely related", "3 – partly relevant",
+                                         "4 – relevant", "5 – highly relevant and engaging"]},
+    ],
+}  # fmt: skip
+
+
 class Campaign(models.Model):
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=CampaignKind.choices, default=CampaignKind.PAIRWISE)

@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from annotation import services
-from annotation.models import Campaign, CampaignKind, CampaignStatus, Pairing, RewardModel
+from annotation.models import AXES_PRESETS, Campaign, CampaignKind, CampaignStatus, Pairing, RewardModel
 from webapp.access import annotator_required, is_researcher, researcher_required, role_of
 
 
@@ -186,8 +186,14 @@ def _settings_from_post(post: Any) -> dict[str, Any]:
         "pairing": post.get("pairing", Pairing.ALL_PAIRS),
         "instructions": post.get("instructions", ""),
     }
-    if kind == CampaignKind.LIKERT and post.get("axes", "").strip():
-        out["axes"] = services.parse_axes_text(post["axes"])
+    if kind == CampaignKind.LIKERT:
+        preset = post.get("axes_preset", "")
+        if preset:
+            if preset not in AXES_PRESETS:
+                raise services.AnnotationError(f"unknown axes preset {preset!r}")
+            out["axes"] = AXES_PRESETS[preset]
+        elif post.get("axes", "").strip():
+            out["axes"] = services.parse_axes_text(post["axes"])
     return out
 
 
@@ -206,6 +212,7 @@ def campaign_new(request: HttpRequest) -> HttpResponse:
     ctx: dict[str, Any] = {
         "runs": _runs_with_samples(),
         "default_axes": services.axes_to_text(services.DEFAULT_AXES),
+        "axes_presets": sorted(AXES_PRESETS),
         "post": request.POST,
         "selected": [],
     }
@@ -229,7 +236,11 @@ def campaign_new(request: HttpRequest) -> HttpResponse:
 
 @researcher_required
 def campaign_upload(request: HttpRequest) -> HttpResponse:
-    ctx: dict[str, Any] = {"default_axes": services.axes_to_text(services.DEFAULT_AXES), "post": request.POST}
+    ctx: dict[str, Any] = {
+        "default_axes": services.axes_to_text(services.DEFAULT_AXES),
+        "axes_presets": sorted(AXES_PRESETS),
+        "post": request.POST,
+    }
     if request.method == "POST":
         f = request.FILES.get("file")
         try:

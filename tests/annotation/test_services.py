@@ -283,3 +283,28 @@ def test_expired_reservations_are_reclaimed_when_nothing_else_is_left():
     assert Item.objects.get(pk=fresh.item_id).slots_taken == 1  # released once, taken once
     with pytest.raises(services.Rejected, match="already submitted or skipped"):
         services.record_judgment(gone, stale.token, item_id=stale.item_id, choice="left")
+
+
+def test_run_page_panel_tag_renders_human_eval(two_runs):
+    from django.template import Context, Template
+
+    good, bad = two_runs
+    tpl = Template("{% load annotation_tags %}{% human_eval_panel run %}")
+    assert "Not in any started annotation campaign" in tpl.render(Context({"run": good}))
+    camp = services.create_campaign_from_runs("panel", [good.pk, bad.pk], overlap=1)
+    u = make_user("u")
+    services.add_member(camp, u)
+    services.start_campaign(camp)
+    _judge_all(camp, [u], lambda item, _u: "a" if item.system_a == f"run:{good.pk}" else "b")
+    html = tpl.render(Context({"run": good}))
+    assert "panel" in html and "1 of 2" in html
+
+
+def test_likert_axes_presets_follow_rl4lms_templates():
+    from annotation.models import AXES_PRESETS
+
+    assert [a["name"] for a in AXES_PRESETS["imdb"]] == ["coherence", "sentiment"]
+    assert [a["name"] for a in AXES_PRESETS["commongen"]] == ["fluency", "commonsense"]
+    data = json.dumps({"prompt": "p", "outputs": {"s": "t"}})
+    camp = services.create_campaign_from_upload("lik", data, kind="likert", axes=AXES_PRESETS["commongen"])
+    assert camp.axes == AXES_PRESETS["commongen"]
