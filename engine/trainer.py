@@ -197,6 +197,8 @@ class Trainer:
     def _setup_reference(self) -> None:
         from engine.models.loading import load_lm, resolve_model_path
 
+        if self.ref_lm is not None:
+            return
         if self.ref_path:
             self.ref_lm = self.frozen_copy(load_lm(resolve_model_path(self.ref_path), self.kind)).to(
                 self.device
@@ -432,6 +434,9 @@ class Trainer:
 
         cfg = self.cfg
         self.events.run_started(cfg.to_dict(), str(self.run_dir))
+        if self.wants_rl and not self.ref_path and not self.wants_sft:
+            # The reference is the initial model: copy it before a checkpoint overwrites the policy.
+            self.ref_lm = self.frozen_copy(self.policy.lm)
         resume_state = None
         if self.resume_from:
             ck = latest_checkpoint(self.run_dir)
