@@ -2,7 +2,12 @@
 (function () {
   "use strict";
   const res = JSON.parse(document.getElementById("results-data").textContent);
-  const label = function (s) { return (res.labels && res.labels[s]) || s; };
+  // Plotly renders a few HTML-like tags (<a>, <b>) inside labels: run names are user text, so they
+  // go to the charts entity-escaped (shown literally), and to the tables through textContent.
+  const rawLabel = function (s) { return (res.labels && res.labels[s]) || s; };
+  const esc = function (t) { return String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;"); };
+  const label = rawLabel;
+  const chartLabel = function (s) { return esc(rawLabel(s)); };
   const fmt = function (x, d) { return x === null || x === undefined ? "—" : Number(x).toFixed(d === undefined ? 3 : d); };
   function row(tbody, cells) {
     const tr = document.createElement("tr");
@@ -33,12 +38,12 @@
     });
     plot("bt-chart", [{
       type: "scatter", mode: "markers", x: order.map(function (i) { return bt.rating[i]; }),
-      y: order.map(function (i) { return label(bt.systems[i]); }),
+      y: order.map(function (i) { return chartLabel(bt.systems[i]); }),
       error_x: {type: "data", symmetric: false, array: order.map(function (i) { return bt.high[i] - bt.rating[i]; }),
         arrayminus: order.map(function (i) { return bt.rating[i] - bt.low[i]; })},
       marker: {size: 10},
     }], {title: "Bradley–Terry rating (95% CI)", xaxis: {title: "rating"}, yaxis: {autorange: "reversed"}});
-    const names = wr.systems.map(label);
+    const names = wr.systems.map(chartLabel);
     const text = wr.rate.map(function (r, i) { return r.map(function (v, j) {
       return v === null ? "" : fmt(v, 2) + " [" + fmt(wr.low[i][j], 2) + ", " + fmt(wr.high[i][j], 2) + "] n=" + wr.counts[i][j];
     }); });
@@ -55,7 +60,7 @@
       const by = res.likert[ax] || {};
       const systems = Object.keys(by);
       systems.forEach(function (s) { const m = by[s]; row(tb, [ax, label(s), fmt(m.mean, 2), fmt(m.low, 2) + " – " + fmt(m.high, 2), String(m.n)]); });
-      traces.push({type: "bar", name: ax, x: systems.map(label), y: systems.map(function (s) { return by[s].mean; }),
+      traces.push({type: "bar", name: esc(ax), x: systems.map(chartLabel), y: systems.map(function (s) { return by[s].mean; }),
         error_y: {type: "data", symmetric: false, array: systems.map(function (s) { return by[s].high - by[s].mean; }),
           arrayminus: systems.map(function (s) { return by[s].mean - by[s].low; })}});
     });
@@ -86,7 +91,7 @@
   const mnames = Object.keys(res.metric_agreement || {});
   mnames.forEach(function (m) { const r = res.metric_agreement[m]; row(mt, [m, String(r.n), fmt(r.agreement), fmt(r.tau), String(r.metric_ties)]); });
   if (mnames.length) {
-    plot("metric-chart", [{type: "bar", x: mnames, y: mnames.map(function (m) { return res.metric_agreement[m].agreement; })}],
+    plot("metric-chart", [{type: "bar", x: mnames.map(esc), y: mnames.map(function (m) { return res.metric_agreement[m].agreement; })}],
       {title: "Agreement with human preference", yaxis: {range: [0, 1]}, margin: {l: 60, t: 30, b: 100},
        shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: 0.5, y1: 0.5, line: {dash: "dot"}}]});
   } else { row(mt, ["(no automatic metrics stored with these items)", "", "", "", ""]); }
