@@ -8,8 +8,9 @@ L2-normalised. With cosine matrix S (candidate tokens x reference tokens):
 
 w = 1, or the IDF of the token over the references when ``idf=True``
 (``log((M + 1) / (df + 1))`` with M references, as in the paper's code). Special tokens ([CLS],
-[SEP], padding) are dropped from both sides. With several references the one with the best F counts.
-No baseline rescaling (that needs per-model baseline files that ship with the bert_score package).
+[SEP]) weigh 0 but can be matched (``special_tokens="match"``, what the ``bert_score`` package does;
+``"drop"`` removes them). With several references the one with the best F counts. No baseline
+rescaling (that needs per-model baseline files that ship with the bert_score package).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from engine.metrics.base import (
 from engine.registry import metrics
 
 DEFAULT_MODEL = "builtin:minilm"
+# MiniLM's 4th of 6 layers: on CommonGen it ranks human > concept list > mismatched reference, the last
+# layer ranks the concept list above the human sentence (docs/metrics.md).
+MINILM_LAYER = 4
 
 
 def minilm_dir() -> Path:
@@ -70,7 +74,7 @@ def greedy_match(cand: Any, ref: Any, cand_w: Any = None, ref_w: Any = None) -> 
 class BertScore(Metric):
     """BERTScore with any HF encoder; the default is the MiniLM shipped in a wheel (works offline).
 
-    ``layer`` indexes ``hidden_states`` (0 = embeddings; default: the last layer, i.e. 6 for MiniLM).
+    ``layer`` indexes ``hidden_states`` (0 = embeddings; default: 4 for the offline MiniLM, else the last).
     """
 
     reward_key = "semantic/bert_score"
@@ -81,7 +85,8 @@ class BertScore(Metric):
         layer: int | None = None,
         idf: bool = False,
         batch_size: int = 32,
-        max_length: int = 256,
+        max_length: int = 512,
+        special_tokens: str = "match",
         device: str = "auto",
         language: str | None = None,
     ):
@@ -99,19 +104,26 @@ class BertScore(Metric):
         except OSError as exc:
             raise MetricError(f"bertscore: cannot load encoder {model!r}: {exc}") from exc
         n_layers = int(getattr(self.model.config, "num_hidden_layers", 0))
-        self.layer = n_layers if layer is None else int(layer)
+        default_layer = MINILM_LAYER if model == DEFAULT_MODEL else n_layers
+        self.layer = default_layer if layer is None else int(layer)
         if not -n_layers - 1 <= self.layer <= n_layers:
             raise MetricError(f"bertscore: layer {layer} out of range 0..{n_layers} for {model!r}")
-        self.idf, self.batch_size, self.max_length, self.device = idf, batch_size, max_length, device
+        if special_tokens not in ("match", "drop"):
+            raise MetricError(f"bertscore: special_tokens must be 'match' or 'drop', got {special_tokens!r}")
+        self.special_tokens = special_tokens
+        self.idf, self.batch_size, self.device = idf, batch_size, device
+        self.max_length = min(
+            max_length, int(getattr(self.tokenizer, "model_max_length", max_length) or max_length)
+        )
         self._torch = torch
 
     def embed(self, texts: list[str]) -> list[tuple[Any, list[int]]]:
-        """Per text: (token vectors without special tokens, their token ids)."""
+        """Per text: (token vectors, their token ids); special tokens dropped unless ``special_tokens="match"``."""
         torch = self._torch
         out = []
         special = set(self.tokenizer.all_special_ids)
         for i in range(0, len(texts), self.batch_size):
-            batch = texts[i : i + self.batch_size]
+            batch = [t.strip() for t in texts[i : i + self.batch_size]]
             enc = self.tokenizer(
                 batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
             ).to(self.device)
@@ -119,7 +131,11 @@ class BertScore(Metric):
                 hs = self.model(**enc, output_hidden_states=True).hidden_states[self.layer]
             for j in range(len(batch)):
                 ids = enc["input_ids"][j].tolist()
-                keep = [k for k, t in enumerate(ids) if enc["attention_mask"][j][k] and t not in special]
+                keep = [
+                    k
+                    for k, t in enumerate(ids)
+                    if enc["attention_mask"][j][k] and (self.special_tokens == "match" or t not in special)
+                ]
                 out.append((hs[j, keep].float().cpu(), [ids[k] for k in keep]))
         return out
 
@@ -138,8 +154,11 @@ class BertScore(Metric):
         gen_embs, ref_embs = embs[: len(generations)], embs[len(generations) :]
         idf = self._idf_weights(references) if self.idf else None
 
-        def weights(ids: list[int]) -> list[float] | None:
-            return None if idf is None else [idf.get(t, idf[-1]) for t in ids]
+        special = set(self.tokenizer.all_special_ids)
+
+        def weights(ids: list[int]) -> list[float]:
+            # special tokens ([CLS], [SEP]) weigh 0 but, with special_tokens="match", can still be matched
+            return [0.0 if t in special else (1.0 if idf is None else idf.get(t, idf[-1])) for t in ids]
 
         ps, rs, fs = [], [], []
         k = 0
