@@ -158,13 +158,27 @@ def metric_keys(run_ids: int | Iterable[int]) -> list[str]:
     ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
     if not ids:
         return []
-    # A loose index scan would be faster still; DISTINCT on the (run, key, step) index is fine.
+    # Loose index scan on the (run, key, step) index: one probe per distinct key, not a scan of
+    # every point (a run with 100k points and 20 keys costs 21 index probes).
+    table = MetricPoint._meta.db_table
+    keys: set[str] = set()
     with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT DISTINCT key FROM {MetricPoint._meta.db_table} WHERE run_id = ANY(%s) ORDER BY key",
-            [ids],
-        )
-        return [r[0] for r in cur.fetchall()]
+        for rid in ids:
+            cur.execute(
+                f"""
+                WITH RECURSIVE k(key) AS (
+                  (SELECT key FROM {table} WHERE run_id = %s ORDER BY key LIMIT 1)
+                  UNION ALL
+                  SELECT (SELECT m.key FROM {table} m WHERE m.run_id = %s AND m.key > k.key
+                          ORDER BY m.key LIMIT 1)
+                  FROM k WHERE k.key IS NOT NULL
+                )
+                SELECT key FROM k WHERE key IS NOT NULL
+                """,
+                [rid, rid],
+            )
+            keys.update(r[0] for r in cur.fetchall())
+    return sorted(keys)
 
 
 # --------------------------------------------------------------------------- metric series
@@ -177,6 +191,7 @@ def metric_series(
     max_points: int = 2000,
     x0: float | None = None,
     x1: float | None = None,
+    _version: tuple[int, list[Any]] | None = None,
 ) -> dict[str, Any]:
     """Points of one metric for a chart: ``{"key", "x": [...steps], "y": [...], "total", "downsampled",
     "x0", "x1", "last_id"}``.
@@ -198,11 +213,8 @@ def metric_series(
     if x1 is not None:
         where += " AND step <= %s"
         args.append(math.floor(float(x1)))
-    version = metric_cursor(run_id)
-    # Ids restart in a re-created database (tests): the run's creation time and the database name
-    # keep cache entries of different runs with the same id apart.
-    created = Run.objects.filter(pk=run_id).values_list("created", flat=True).first()
-    ident = [connection.settings_dict["NAME"], run_id, str(created), key, max_points, args[2:], version]
+    version, run_ident = _version or _series_version(run_id)
+    ident = [run_ident, key, max_points, args[2:], version]
     ck = "grue:series:" + hashlib.sha1(json.dumps(ident).encode()).hexdigest()
     cached = _cache_get(ck)
     if cached is not None:
@@ -260,6 +272,13 @@ def metric_series(
     return result
 
 
+def _series_version(run_id: int) -> tuple[int, list[Any]]:
+    """(newest metric id of the run, identity of the run). Ids restart in a re-created database
+    (tests): the database name and the run's creation time keep such runs' cache entries apart."""
+    created = Run.objects.filter(pk=run_id).values_list("created", flat=True).first()
+    return metric_cursor(run_id), [connection.settings_dict["NAME"], run_id, str(created)]
+
+
 def _cache_get(key: str) -> Any:
     try:
         return cache.get(key)
@@ -284,7 +303,8 @@ def metric_series_many(
 ) -> dict[str, dict[str, Any]]:
     """``metric_series`` for several keys (all keys of the run by default)."""
     keys = list(keys) if keys is not None else metric_keys(run_id)
-    return {k: metric_series(run_id, k, max_points=max_points, x0=x0, x1=x1) for k in keys}
+    version = _series_version(run_id)
+    return {k: metric_series(run_id, k, max_points=max_points, x0=x0, x1=x1, _version=version) for k in keys}
 
 
 def metric_cursor(run_id: int) -> int:
