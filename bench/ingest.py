@@ -273,6 +273,7 @@ def bench_live_and_page(port: int, server_pid: int, user: User, n_msgs: int) -> 
         "cold": cold,
         "cached_median": statistics.median(warm),
         "cached_p95": pct(warm, 95),
+        "cached_server_cpu_ms": server_cpu_ms,
         "zoom_full_res": zoom,
         "points_returned": len(body["x"]),
     }
