@@ -7,6 +7,7 @@ omits (shipped in ``assets/``) into ``$GRUE_CACHE/nltk_data/corpora/wordnet``.
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -69,11 +70,57 @@ def wordnet() -> Any:
     return _wordnet
 
 
-def tokenize(text: str) -> list[str]:
-    """Treebank-style word tokens like ``nltk.word_tokenize`` but without its punkt download."""
-    from nltk.tokenize import NLTKWordTokenizer
+_ABBREV = {
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "st",
+    "jr",
+    "sr",
+    "prof",
+    "vs",
+    "etc",
+    "inc",
+    "ltd",
+    "co",
+    "no",
+    "mt",
+    "ft",
+}
+_SENT_END = re.compile(r"(?<=[.!?])([\"')\]]*)\s+(?=[\"'(\[]?[A-Z0-9])")
+_word_tokenizer: Any = None
 
-    return NLTKWordTokenizer().tokenize(text)
+
+def split_sentences(text: str) -> list[str]:
+    """Sentence split for tokenisation: at . ! ? followed by an upper-case or digit start.
+
+    ``word_tokenize`` uses punkt's trained English model here (a download); without it, periods inside
+    a text would stay glued to words ("left." instead of "left", "."). Titles (Mr., Dr., ...) and single
+    initials (J. Smith, U.S.) do not end a sentence.
+    """
+    parts: list[str] = []
+    start = 0
+    for m in _SENT_END.finditer(text):
+        before = text[start : m.start()].rstrip("\"')]")
+        last = before.rsplit(None, 1)[-1] if before.split() else ""
+        word = last.rstrip(".").lower()
+        if last.endswith(".") and (word in _ABBREV or len(word.replace(".", "")) <= 1):
+            continue
+        parts.append(text[start : m.start() + len(m.group(1))])
+        start = m.end()
+    parts.append(text[start:])
+    return [p for p in (x.strip() for x in parts) if p]
+
+
+def tokenize(text: str) -> list[str]:
+    """Treebank-style word tokens like ``nltk.word_tokenize``, without its punkt download."""
+    global _word_tokenizer
+    if _word_tokenizer is None:
+        from nltk.tokenize import NLTKWordTokenizer
+
+        _word_tokenizer = NLTKWordTokenizer()
+    return [t for sent in split_sentences(text) for t in _word_tokenizer.tokenize(sent)]
 
 
 @metrics.register("meteor", "METEOR (NLTK, WordNet synonyms, Porter stems); max over references")

@@ -10,7 +10,7 @@ import pytest
 
 from engine.metrics import MetricError
 from engine.metrics.cider import cider_d
-from engine.metrics.meteor import ensure_wordnet
+from engine.metrics.meteor import ensure_wordnet, tokenize
 from engine.metrics.parent import totto_tables
 from engine.registry import metrics
 
@@ -41,6 +41,15 @@ def test_meteor_uses_wordnet_synonyms_and_best_reference():
     assert other < syn
     multi = _run("meteor", ["a cat sits"], [["dogs bark loudly", "a cat sits"]])["lexical/meteor"][0][0]
     assert multi > 0.9
+
+
+def test_meteor_tokenizer_splits_sentences_without_punkt():
+    # What nltk.word_tokenize (punkt + Treebank) gives: sentence-final periods split off, titles kept.
+    text = 'Mr. Smith left the U.S. in 2001. He said: "no." Really?'
+    assert tokenize(text) == [
+        "Mr.", "Smith", "left", "the", "U.S.", "in", "2001", ".",
+        "He", "said", ":", "``", "no", ".", "''", "Really", "?",
+    ]  # fmt: skip
 
 
 def test_meteor_missing_wordnet_says_how_to_install(tmp_path):
