@@ -6,6 +6,8 @@ a crashing run → failed with traceback; cancel → cancelled; a SIGKILLed work
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
@@ -53,7 +55,9 @@ def _cookie(user) -> str:
 
 
 async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researcher):
-    draft = await database_sync_to_async(services.create_run)(tiny(2), user=researcher)
+    cfg = tiny(2)
+    cfg["train"]["save_final_model"] = True
+    draft = await database_sync_to_async(services.create_run)(cfg, user=researcher)
     cookie = await database_sync_to_async(_cookie)(researcher)
     comm = WebsocketCommunicator(
         application,
@@ -96,6 +100,8 @@ async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researc
     assert "train/reward_mean" in run.last_metrics
     n_ckpt = await database_sync_to_async(run.checkpoints.count)()
     assert n_ckpt >= 1
+    model = await database_sync_to_async(lambda: run.artifacts.get(kind="model"))()
+    assert (Path(model.path) / "config.json").exists()
 
 
 def test_crashing_run_is_failed_with_traceback(celery_worker, researcher, wait_for):

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from webapp.runs import services
 from webapp.runs.broadcast import broadcast, clean_float, status_message
-from webapp.runs.models import Run, RunStatus
+from webapp.runs.models import Artifact, Run, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +257,9 @@ def _finish(run_id: int, status: str, error: str, trace: str, summary: dict[str,
     if summary is not None:
         fields["summary"] = _jsonable(summary)
     Run.objects.filter(pk=run_id).update(**fields)
+    model_dir = (summary or {}).get("model_dir")
+    if model_dir and not Artifact.objects.filter(run_id=run_id, kind="model", path=str(model_dir)).exists():
+        Artifact.objects.create(run_id=run_id, name="final model", kind="model", path=str(model_dir))
     run = Run.objects.get(pk=run_id)
     broadcast(run_id, status_message(run))
 
