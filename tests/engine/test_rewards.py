@@ -254,16 +254,16 @@ def test_train_sentiment_learns_and_feeds_the_learned_reward(tmp_path):
         fixture,
         fixture,
         out,
-        epochs=3,
-        batch_size=16,
+        epochs=4,
+        batch_size=8,
         lr=1e-4,
-        max_length=48,
-        max_train=32,
-        max_eval=32,
+        max_length=32,
+        max_train=16,
+        max_eval=16,
         log=lambda *_: None,
     )
     assert m["final_loss"] < m["first_loss"]
-    assert m["accuracy"] >= 0.75  # fits its 32 training reviews
+    assert m["accuracy"] >= 0.75  # fits its 16 training reviews
     assert (out / "training_metrics.json").exists()
     r = build_reward({"id": "learned", "args": {"model_path": str(out), "label_index": "POSITIVE"}})
     pos, neg = r(["", ""], [POSITIVE, NEGATIVE], [[], []], [{}, {}])
