@@ -447,6 +447,9 @@ def ingest_metrics(
         return IngestResult([], 0)
     table = MetricPoint._meta.db_table
     with transaction.atomic(), connection.cursor() as cur:
+        # Metric batches are idempotent and re-sendable: don't wait for the WAL flush (a server
+        # crash can lose the last ~0.6 s of points, never corrupt anything). Saves an fsync per batch.
+        cur.execute("SET LOCAL synchronous_commit = off")
         cur.execute(
             "CREATE TEMP TABLE IF NOT EXISTS _grue_metric_in "
             "(key text, step bigint, value double precision, time timestamptz) ON COMMIT DELETE ROWS"
