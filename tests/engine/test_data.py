@@ -321,3 +321,8 @@ def test_user_data_never_mixes_with_the_fixture(tmp_path):
     )
     imdb = TaskConfig(id="imdb", args={"train_path": str(g)})
     assert len(load_task(imdb, "train")) == 8 and len(load_task(imdb, "validation")) == 2
+
+
+def test_unknown_task_argument_names_the_task():
+    with pytest.raises(TypeError, match=r"task 'commongen': bad arguments \['prefx'\]"):
+        load_task(TaskConfig(id="commongen", args={"prefx": "x"}), "train")

@@ -268,3 +268,17 @@ def test_train_sentiment_learns_and_feeds_the_learned_reward(tmp_path):
     r = build_reward({"id": "learned", "args": {"model_path": str(out), "label_index": "POSITIVE"}})
     pos, neg = r(["", ""], [POSITIVE, NEGATIVE], [[], []], [{}, {}])
     assert 0 <= neg <= 1 and 0 <= pos <= 1
+
+
+def test_learned_reward_bf16_autocast_is_close_to_fp32(tmp_path):
+    path = _tiny_classifier(tmp_path, 2)
+    texts = ["good", "not good at all", "fine"]
+    fp32 = rewards.build("learned", model_path=str(path), precision="fp32")(
+        [""] * 3, texts, [[]] * 3, [{}] * 3
+    )
+    bf16 = rewards.build("learned", model_path=str(path), precision="bf16")(
+        [""] * 3, texts, [[]] * 3, [{}] * 3
+    )
+    assert bf16 == pytest.approx(fp32, abs=2e-2)
+    with pytest.raises(ValueError, match="precision"):
+        rewards.build("learned", model_path=str(path), precision="fp8")
