@@ -18,7 +18,7 @@ from engine.metrics.base import Metric, MetricError, check_inputs
 __all__ = ["Metric", "MetricError", "build_metrics", "check_inputs", "compute_all"]
 
 for _info in pkgutil.iter_modules(__path__):
-    if not _info.name.startswith("_") and _info.name != "base":
+    if not _info.name.startswith("_") and _info.name not in ("base", "intent"):  # intent: via dialog.py
         importlib.import_module(f"{__name__}.{_info.name}")
 
 

@@ -9,7 +9,8 @@ model never executes code).
 
 Train:  ``python -m engine.metrics.intent train --data <DailyDialog dir or .jsonl> --out DIR``
 A model trained on the full DailyDialog train split ships in ``assets/intent_dailydialog/`` and is
-the metric's default.
+the metric's default. The metric id ``intent_accuracy`` is registered in ``dialog.py`` (which imports
+this module lazily), so ``python -m engine.metrics.intent`` does not import this file twice.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from engine.metrics.base import Metric, MetricError, MetricResult, check_inputs
-from engine.registry import metrics
 
 ACTS = {1: "inform", 2: "question", 3: "directive", 4: "commissive"}
 EOU = "<EOU>"
@@ -251,14 +251,6 @@ class IntentAccuracy(Metric):
         return {"intent/accuracy": (per, sum(per) / len(per) if per else math.nan)}
 
 
-if __name__ != "__main__":  # under ``python -m`` this file runs twice; register the package's copy only
-    metrics.add(
-        "intent_accuracy",
-        IntentAccuracy,
-        "DailyDialog: predicted act of the generation == the reference's act",
-    )
-
-
 def _split_files(data: Path) -> tuple[Path, Path | None]:
     if data.is_dir():
         train = data / "train.jsonl"
@@ -329,6 +321,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from engine.metrics import intent as _registered
-
-    raise SystemExit(_registered.main())
+    raise SystemExit(main())
