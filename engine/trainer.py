@@ -446,6 +446,9 @@ class Trainer:
                 resume_state = self.load_checkpoint(ck)
                 self.run_sink.truncate_after(self.iteration)
                 self.events.log(f"resumed from {ck}")
+                finished = resume_state["phase"] == "rl" and self.iteration >= cfg.train.n_iters
+                if finished and (not cfg.train.save_final_model or (self.run_dir / "model").is_dir()):
+                    return self._finish(stopped=False, model_saved=True)
         self.algo.setup(self.policy) if hasattr(self.algo, "setup") else None
         stopped = False
         if self.wants_sft and not self.sft_done:
@@ -496,11 +499,12 @@ class Trainer:
             self.save_checkpoint("sft")
         return self._finish(stopped=False)
 
-    def _finish(self, stopped: bool) -> dict[str, Any]:
+    def _finish(self, stopped: bool, model_saved: bool = False) -> dict[str, Any]:
         model_dir = None
         if not stopped and self.cfg.train.save_final_model:
             model_dir = self.run_dir / "model"
-            self.save_model(model_dir)
+            if not model_saved:
+                self.save_model(model_dir)
         summary: dict[str, Any] = {
             "run_dir": str(self.run_dir),
             "stopped": stopped,

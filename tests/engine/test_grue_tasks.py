@@ -116,3 +116,39 @@ def test_task_runs_end_to_end(task, tmp_path):
     assert "reward_mean" in saved["metrics"]
     row = saved["samples"][0]
     assert {"prompt", "generation", "references", "reward"} <= set(row)
+
+
+def test_quick_start_preset_through_the_cli(tmp_path):
+    """The README quick start: `train --preset synthetic_ppo`, then `eval --run` writes a results file."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    run_dir = tmp_path / "quick"
+    train = [
+        sys.executable, "-m", "engine", "train", "--preset", "synthetic_ppo", "--quiet",
+        "--set", "train.n_iters=2", "--set", "train.prompts_per_iter=8", "--set", "train.eval_every=0",
+        "--set", "task.max_eval_samples=4", "--set", f"train.output_dir={run_dir}",
+    ]  # fmt: skip
+    done = subprocess.run(train, cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["iterations"] == 2
+    out = tmp_path / "results.json"
+    ev = [
+        sys.executable,
+        "-m",
+        "engine",
+        "eval",
+        "--run",
+        str(run_dir),
+        "--split",
+        "test",
+        "--output",
+        str(out),
+    ]
+    done = subprocess.run(ev, cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = json.loads(out.read_text())
+    assert saved["split"] == "test" and saved["n_samples"] == 4 == len(saved["samples"])
+    assert {"reward_mean", "diversity_metrics/distinct-1"} <= set(saved["metrics"])
+    assert saved["model"].endswith("model")
