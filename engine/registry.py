@@ -31,7 +31,7 @@ class Registry(Generic[T]):
         self._items: dict[str, T] = {}
         self._descriptions: dict[str, str] = {}
 
-    def register(self, key: str, description: str | None = None) -> Callable[[T], T]:
+    def register(self, key: str, /, description: str | None = None) -> Callable[[T], T]:
         def deco(obj: T) -> T:
             if key in self._items and self._items[key] is not obj:
                 raise ValueError(f"{self.kind} id {key!r} is already registered")
@@ -52,7 +52,7 @@ class Registry(Generic[T]):
         except KeyError:
             raise UnknownComponentError(self.kind, key, sorted(self._items)) from None
 
-    def build(self, key: str, **kwargs: Any) -> Any:
+    def build(self, key: str, /, **kwargs: Any) -> Any:
         """Instantiate a registered factory; argument errors name the component."""
         factory = self.get(key)
         try:
