@@ -14,7 +14,7 @@ from channels.testing import WebsocketCommunicator
 
 from webapp.asgi import application
 from webapp.runs import services
-from webapp.runs.models import MetricPoint, Run, RunStatus
+from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,16 +124,33 @@ def test_cancel_stops_a_running_run(celery_worker, researcher, wait_for):
     assert run.current_iter < 500
 
 
-def test_killed_worker_leaves_run_lost_and_restart_marks_it(worker_factory, researcher, settings, wait_for):
+def test_killed_worker_leaves_run_lost_and_it_resumes_from_its_checkpoint(
+    worker_factory, researcher, settings, wait_for
+):
     worker = worker_factory()
     settings.CELERY_TASK_DEFAULT_QUEUE = worker.queue
-    run = services.launch_run(tiny(500), user=researcher)
-    wait_for(lambda: status_of(run.pk) == RunStatus.RUNNING, timeout=120, what="run to start")
+    run = services.launch_run(tiny(12), user=researcher)
+    wait_for(lambda: Checkpoint.objects.filter(run_id=run.pk).exists(), timeout=180, what="a checkpoint")
     worker.kill()
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING  # nobody could record anything: the process just vanished
+    assert run.current_iter < 12
     # the same worker comes back (e.g. systemd restart): it knows it is running nothing
     worker_factory(queue=worker.queue, name=worker.name)
     wait_for(lambda: status_of(run.pk) == RunStatus.LOST, timeout=60, what="run marked lost")
     run.refresh_from_db()
-    assert worker.name in run.error and "heartbeat" in run.error
+    assert worker.name in run.error and "heartbeat" in run.error and "resumed" in run.error
+    # resume in place from the last checkpoint: the curves continue, no step is stored twice
+    services.resume_run(run)
+    wait_for(lambda: status_of(run.pk) in ("succeeded", "failed"), timeout=240, what="resumed run to finish")
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.traceback
+    assert run.current_iter == 12
+    steps = list(
+        MetricPoint.objects.filter(run_id=run.pk, key="train/reward_mean")
+        .order_by("step")
+        .values_list("step", flat=True)
+    )
+    assert steps == list(range(1, 13))
+    logs = " ".join(run.logs.values_list("line", flat=True))
+    assert "resumed from" in logs
