@@ -117,8 +117,49 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    print(json.dumps(json_schema(), indent=2))
+    print(schema_markdown() if args.markdown else json.dumps(json_schema(), indent=2))
     return 0
+
+
+def schema_markdown() -> str:
+    """The config reference table of docs/engine.md, generated from the pydantic models."""
+    from pydantic import BaseModel
+
+    lines = ["| field | type | default | description |", "|---|---|---|---|"]
+
+    def fmt_type(ann: Any) -> str:
+        import typing
+
+        if typing.get_origin(ann) is typing.Literal:
+            return " / ".join(f"`{a}`" for a in typing.get_args(ann))
+        text = (
+            str(ann) if typing.get_origin(ann) is not None else (getattr(ann, "__name__", None) or str(ann))
+        )
+        return text.replace("typing.", "").replace("|", "\\|")
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            path = f"{prefix}{name}"
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                lines.append(f"| **`{path}`** | section | | {field.description or ''} |")
+                walk(ann, path + ".")
+                continue
+            if field.default_factory is not None:
+                try:
+                    default = field.default_factory()
+                except TypeError:
+                    default = "…"
+                if isinstance(default, BaseModel):
+                    default = default.model_dump(mode="json")
+            else:
+                default = field.default
+            dtext = json.dumps(default) if not isinstance(default, str) else f'"{default}"'
+            dtext = dtext.replace("|", "\\|")
+            lines.append(f"| `{path}` | {fmt_type(ann)} | `{dtext}` | {field.description or ''} |")
+
+    walk(RunConfig, "")
+    return "\n".join(lines)
 
 
 def cmd_import_gguf(args: argparse.Namespace) -> int:
@@ -194,6 +235,7 @@ def make_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("schema", help="print the config JSON Schema")
+    s.add_argument("--markdown", action="store_true", help="print the field reference table instead")
     s.set_defaults(func=cmd_schema)
 
     g = sub.add_parser("import-gguf", help="convert a GGUF checkpoint into a safetensors model directory")

