@@ -172,7 +172,10 @@ def raw_iteration(cfg_dict: dict, repeats: int) -> dict[str, Any]:
     opt = torch.optim.AdamW(params, lr=cfg.algorithm.learning_rate)
     n, new = cfg.train.prompts_per_iter, cfg.rollout.max_new_tokens
     prompts = [f"Count upwards: 1 2 3 {i}" for i in range(n)]
-    ac = lambda: torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None)
+
+    def ac() -> Any:
+        return torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None)
+
     results = []
     for _ in range(repeats):
         with PeakMemory(device) as mem:
