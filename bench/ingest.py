@@ -285,6 +285,43 @@ def bench_live_and_page(port: int, server_pid: int, user: User, n_msgs: int) -> 
     out["run_page_html_ms"] = (time.perf_counter() - t) * 1000
     out["run_page_browser_ms"] = browser_page_load(port, cookie, big.pk)
     big.delete()
+    out["run_table_1000_runs_ms"] = bench_run_table(s, port)
+    return out
+
+
+def bench_run_table(s: Any, port: int) -> dict[str, float]:
+    """The run table with 1,000 runs: default page, metric sort + filter + text search, over HTTP."""
+    algos, tasks = ["ppo", "nlpo", "sft"], ["imdb", "commongen", "synthetic_increasing_numbers"]
+    Run.objects.bulk_create(
+        [
+            Run(
+                name=f"bench run {i}",
+                config={"algorithm": {"id": algos[i % 3]}},
+                status="succeeded",
+                algorithm=algos[i % 3],
+                task=tasks[i % 3],
+                tags=["bench", f"t{i % 10}"],
+                last_metrics={"train/reward_mean": math.sin(i), "train/kl": i / 1000},
+            )
+            for i in range(1000)
+        ],
+        batch_size=500,
+    )
+    urls = {
+        "default": "/",
+        "sorted_by_metric_filtered": "/?sort=-metric:train/reward_mean&algorithm=ppo&tag=t3&page=2&per_page=10",
+        "text_search": "/?q=run+99",
+    }
+    out = {}
+    for name, path in urls.items():
+        s.get(f"http://127.0.0.1:{port}{path}", timeout=60).raise_for_status()  # warm-up
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            s.get(f"http://127.0.0.1:{port}{path}", timeout=60).raise_for_status()
+            times.append((time.perf_counter() - t) * 1000)
+        out[name] = statistics.median(times)
+    Run.objects.filter(tags__contains=["bench"]).delete()
     return out
 
 
