@@ -157,3 +157,28 @@ async def test_messages_before_subscribe_are_not_lost(researcher):
     assert [(p["key"], p["value"]) for p in got] == [("x", 1.0)]
     assert await comm.receive_nothing(timeout=0.3)
     await comm.disconnect()
+
+
+async def test_subscribe_reveals_a_run_whose_worker_stopped_heartbeating(researcher):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    def make() -> Run:
+        old = timezone.now() - timedelta(hours=1)
+        return Run.objects.create(
+            name="stale",
+            config={},
+            status="running",
+            heartbeat_at=old,
+            started_at=old,
+            worker_host="gone@host",
+        )
+
+    run = await database_sync_to_async(make)()
+    comm = await _connect(researcher, run.pk)
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "subscribe", "after": {}})
+    msgs = await _receive_until(comm, "caught_up")
+    assert msgs[0]["type"] == "status" and msgs[0]["status"] == "lost" and "gone@host" in msgs[0]["error"]
+    await comm.disconnect()

@@ -76,8 +76,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", "error": f"unknown message type {kind!r}"})
 
     async def _catch_up(self) -> None:
-        from webapp.runs import queries
+        from webapp.runs import queries, services
 
+        await database_sync_to_async(services.mark_lost_runs)(run_ids=[self.run_id])
         status = await database_sync_to_async(queries.run_status_message)(self.run_id)
         if status is not None:
             await self.send_json(status)

@@ -368,10 +368,16 @@ def update_run_meta(
     return run
 
 
-def mark_lost_runs(older_than: float | None = None, *, worker_host: str | None = None) -> list[int]:
+def mark_lost_runs(
+    older_than: float | None = None, *, worker_host: str | None = None, run_ids: Iterable[int] | None = None
+) -> list[int]:
     """Mark running runs whose heartbeat stopped as ``lost``. With ``worker_host`` every run
-    that host claimed is lost (a restarted worker cannot still be running them)."""
+    that host claimed is lost (a restarted worker cannot still be running them). ``run_ids``
+    limits the check (the live page checks its own run when a browser subscribes, so a dead
+    worker shows up even where no beat scheduler runs)."""
     qs = Run.objects.filter(status=RunStatus.RUNNING)
+    if run_ids is not None:
+        qs = qs.filter(pk__in=list(run_ids))
     if worker_host is not None:
         qs = qs.filter(worker_host=worker_host)
     else:
