@@ -315,7 +315,8 @@ class Trainer:
         return True
 
     # ----------------------------------------------------------------- RL
-    def _eval(self, step: int) -> dict[str, float]:
+    def _eval(self, step: int, final: bool = False) -> dict[str, float]:
+        """Generate on the eval split; all rows go to the sink at the end, ``log_samples`` rows before."""
         from engine.evaluation import generate_texts, score_generations
 
         samples = self._eval_samples()
@@ -334,7 +335,7 @@ class Trainer:
         corpus, rows = score_generations(samples, gens, self.reward_fn, list(self.cfg.eval.metrics))
         values = {f"eval/{k}": v for k, v in corpus.items()}
         self.events.metrics(step, values)
-        self.events.samples(step, self.cfg.eval.split, rows[: max(self.cfg.train.log_samples, 0)] or rows[:0])
+        self.events.samples(step, self.cfg.eval.split, rows if final else rows[: self.cfg.train.log_samples])
         self.last_eval = values
         return values
 
@@ -449,7 +450,7 @@ class Trainer:
                 finished = resume_state["phase"] == "rl" and self.iteration >= cfg.train.n_iters
                 if finished and (not cfg.train.save_final_model or (self.run_dir / "model").is_dir()):
                     return self._finish(stopped=False, model_saved=True)
-        self.algo.setup(self.policy) if hasattr(self.algo, "setup") else None
+        self.algo.setup(self.policy)
         stopped = False
         if self.wants_sft and not self.sft_done:
             ok = self.run_sft(resume_state if resume_state and resume_state["phase"] == "sft" else None)
@@ -483,7 +484,7 @@ class Trainer:
                 eta = (time.perf_counter() - t_start) / done * (total - self.iteration)
                 self.events.progress(self.iteration, total, eta, "rl")
                 if cfg.train.eval_every > 0 and self.iteration % cfg.train.eval_every == 0:
-                    self._eval(self.iteration)
+                    self._eval(self.iteration, final=self.iteration == total)
                 last = self.iteration == total
                 if cfg.train.save_every > 0 and self.iteration % cfg.train.save_every == 0 and not last:
                     self.save_checkpoint("rl")
@@ -491,11 +492,11 @@ class Trainer:
                 self.save_checkpoint("rl")
                 return self._finish(stopped=True)
             if cfg.train.eval_every == 0 or self.iteration % cfg.train.eval_every != 0:
-                self._eval(self.iteration)
+                self._eval(self.iteration, final=True)
             self.save_checkpoint("rl")
         else:
             self.reward_fn = build_reward_fn(cfg)
-            self._eval(self.iteration)
+            self._eval(self.iteration, final=True)
             self.save_checkpoint("sft")
         return self._finish(stopped=False)
 

@@ -19,6 +19,9 @@ class Algorithm:
     def __init__(self, cfg: Any):
         self.cfg = cfg
 
+    def setup(self, policy: Any) -> None:
+        """Called once the policy exists (after a warm start); NLPO copies its masking policy here."""
+
     def update(self, policy: Any, optimizer: Any, batch: Any, **kwargs: Any) -> dict[str, float]:
         raise NotImplementedError
 

@@ -165,7 +165,11 @@ class PPO(Algorithm):
         del logits
         new_lp = gather_logprobs(logp_all, inputs["gen_ids"])
         mask = inputs["gen_mask"]
-        entropy = masked_mean(entropy_from_logprobs(logp_all), mask)
+        if cfg.ent_coef > 0:
+            entropy = masked_mean(entropy_from_logprobs(logp_all), mask)
+        else:  # only a statistic: no graph through the (B, T, V) entropy terms
+            with torch.no_grad():
+                entropy = masked_mean(entropy_from_logprobs(logp_all.detach()), mask)
         del logp_all
         old_lp = batch.logprobs[idx][:, tsl]
         adv = advantages[idx][:, tsl]
