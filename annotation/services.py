@@ -545,6 +545,11 @@ def signup_with_invite(token: str, username: str, password: str) -> Any:
     username = (username or "").strip()
     if not username:
         raise AnnotationError("choose a user name")
+    try:
+        User.username_validator(username)
+        User._meta.get_field("username").run_validators(username)
+    except ValidationError as exc:
+        raise AnnotationError(" ".join(exc.messages)) from None
     if User.objects.filter(username__iexact=username).exists():
         raise AnnotationError("this user name is taken")
     try:
@@ -1043,6 +1048,13 @@ CSV_FIELDS = [
 ]  # fmt: skip
 
 
+def _cell(value: Any) -> Any:
+    """Neutralise spreadsheet formulas in user/model text ("=HYPERLINK(...)" opened in Excel)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
 def export_csv(camp: Campaign) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -1052,9 +1064,9 @@ def export_csv(camp: Campaign) -> str:
             r["item__system_a"] if r["choice"] == "a" else r["item__system_b"] if r["choice"] == "b" else ""
         )
         w.writerow(
-            [r["id"], camp.pk, r["item_id"], r["annotator__username"], r["item__system_a"], r["item__system_b"],
+            [_cell(v) for v in [r["id"], camp.pk, r["item_id"], r["annotator__username"], r["item__system_a"], r["item__system_b"],
              r["choice"], winner, r["left_is_a"], json.dumps(r["scores"] or {}), r["seconds"], r["rationale"],
-             r["item__gold"], r["created"].isoformat(), r["item__prompt"], r["item__output_a"], r["item__output_b"]]
+             r["item__gold"], r["created"].isoformat(), r["item__prompt"], r["item__output_a"], r["item__output_b"]]]
         )  # fmt: skip
     return buf.getvalue()
 

@@ -308,3 +308,19 @@ def test_likert_axes_presets_follow_rl4lms_templates():
     data = json.dumps({"prompt": "p", "outputs": {"s": "t"}})
     camp = services.create_campaign_from_upload("lik", data, kind="likert", axes=AXES_PRESETS["commongen"])
     assert camp.axes == AXES_PRESETS["commongen"]
+
+
+def test_csv_export_neutralises_formulas_and_signup_validates_names():
+    data = json.dumps({"prompt": '=HYPERLINK("http://evil")', "outputs": {"a": "+1", "b": "fine"}})
+    camp = services.create_campaign_from_upload("f", data, overlap=1)
+    u = make_user("u")
+    services.add_member(camp, u)
+    services.start_campaign(camp)
+    a = services.next_item(camp, u)
+    services.record_judgment(u, a.token, item_id=a.item_id, choice="left", rationale="@cmd")
+    row = next(csv.DictReader(io.StringIO(services.export_csv(camp))))
+    assert row["prompt"].startswith("'=") and row["rationale"] == "'@cmd"
+    assert "'+1" in (row["output_a"], row["output_b"])
+    inv = services.create_invite(camp)
+    with pytest.raises(services.AnnotationError, match="letters, numbers"):
+        services.signup_with_invite(inv.token, "bad name <script>", "a-long-password")
