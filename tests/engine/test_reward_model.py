@@ -117,3 +117,18 @@ def test_cli_trains_from_jsonl(tmp_path):
         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     assert proc.returncode == 2 and "line 2: missing field 'chosen'" in proc.stderr
+
+
+def test_policy_backbone_gpt2_gets_a_pad_token_and_loads_as_learned_reward(tmp_path):
+    """The policy's own (causal LM) backbone works too; the engine's `learned` reward reads the result."""
+    from engine.registry import rewards
+
+    pairs = rm.parse_pairs([json.dumps(r) for r in synthetic_pairs(16, seed=5)])
+    res = rm.train_reward_model(
+        pairs, tmp_path / "rm", backbone="builtin:tiny-gpt2", epochs=1, batch_size=8, max_length=16
+    )
+    assert res.steps == 2 and res.heldout_pairs == 3
+    texts = ["The plot was superb.", "The plot was dull."]
+    direct = rm.RewardModelScorer(tmp_path / "rm")(texts)
+    learned = rewards.build("learned", model_path=str(tmp_path / "rm"), label_index=0)
+    assert learned(["", ""], texts, [[], []], [{}, {}]) == pytest.approx(direct, abs=1e-5)
