@@ -117,3 +117,30 @@ def test_series_cache_sees_new_points(run):
     services.ingest_metrics(run.pk, [("r", 5000, 7.0)])
     again = queries.metric_series(run.pk, "r", max_points=100)
     assert again["total"] == 5001 and again["x"][-1] == 5000 and max(again["y"]) == 7.0
+
+
+def test_sink_survives_a_dropped_connection_without_duplicates(transactional_db, caplog):
+    """A real fault: the sink's PostgreSQL backend is terminated between two batches."""
+    import psycopg
+
+    run = Run.objects.create(name="blip", config={})
+    sink = DbSink(run.pk, broadcast_enabled=False)
+    sink.metrics(0, {"a": 0.0, "b": 0.0})
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        pid = cur.fetchone()[0]
+    s = connection.settings_dict
+    with psycopg.connect(
+        host=s["HOST"], port=s["PORT"] or 5432, user=s["USER"], dbname=s["NAME"], autocommit=True
+    ) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+    sink.metrics(1, {"a": 1.0, "b": -1.0})  # first try hits the dead connection, the retry stores it
+    sink.metrics(1, {"a": 1.0, "b": -1.0})  # a replay of the same batch
+    assert sorted(MetricPoint.objects.filter(run=run).values_list("key", "step")) == [
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+        ("b", 1),
+    ]
+    assert sink.points_stored == 4
+    assert "retrying" in caplog.text  # the fault really happened and was retried
