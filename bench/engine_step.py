@@ -110,8 +110,8 @@ def make_config(model: str, value_head: str, precision: str, device: str, args: 
     }
 
 
-def engine_iteration(cfg_dict: dict, repeats: int) -> dict[str, Any]:
-    """Time Trainer.rl_iteration (the exact code path of engine.train)."""
+def engine_setup(cfg_dict: dict) -> Any:
+    """A callable running Trainer.rl_iteration (the exact code path of engine.train)."""
     from engine.kl import build_kl_controller
     from engine.sinks import RunDirSink
     from engine.trainer import Trainer, build_reward_fn
@@ -125,28 +125,26 @@ def engine_iteration(cfg_dict: dict, repeats: int) -> dict[str, Any]:
     t.kl_ctl = build_kl_controller(cfg.kl)
     t.optimizer = t._make_rl_optimizer()
     t.algo.setup(t.policy)
-    results = []
-    for _ in range(repeats):
+    n_params = sum(p.numel() for p in t.policy.parameters())
+
+    def one() -> dict[str, Any]:
         with PeakMemory(t.device) as mem:
             m = t.rl_iteration()
-        results.append(
-            {
-                "generate_s": m["time/generate_s"],
-                "score_s": m["time/score_s"],
-                "update_s": m["time/update_s"],
-                "iteration_s": m["time/iteration_s"],
-                "peak_mem_mb": mem.peak_mb,
-                "episode_length": m["train/episode_length"],
-            }
-        )
-    best = min(results, key=lambda r: r["iteration_s"])
-    best["n_params"] = sum(p.numel() for p in t.policy.parameters())
-    del t
-    return best
+        return {
+            "generate_s": m["time/generate_s"],
+            "score_s": m["time/score_s"],
+            "update_s": m["time/update_s"],
+            "iteration_s": m["time/iteration_s"],
+            "peak_mem_mb": mem.peak_mb,
+            "episode_length": m["train/episode_length"],
+            "n_params": n_params,
+        }
+
+    return one
 
 
-def raw_iteration(cfg_dict: dict, repeats: int) -> dict[str, Any]:
-    """The same PPO iteration written by hand with plain HF calls (no engine code in the timed part)."""
+def raw_setup(cfg_dict: dict) -> Any:
+    """A callable running the same PPO iteration written by hand with plain HF calls (no engine code)."""
     import copy
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -176,8 +174,7 @@ def raw_iteration(cfg_dict: dict, repeats: int) -> dict[str, Any]:
     def ac() -> Any:
         return torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None)
 
-    results = []
-    for _ in range(repeats):
+    def one() -> dict[str, Any]:
         with PeakMemory(device) as mem:
             t0 = time.perf_counter()
             enc = tok(prompts, return_tensors="pt", padding=True).to(device)
@@ -231,12 +228,14 @@ def raw_iteration(cfg_dict: dict, repeats: int) -> dict[str, Any]:
                         v = vhead(o.hidden_states[-1][:, p_len - 1 : -1]).float()[..., 0]
                     lp_all = torch.log_softmax(o.logits[:, p_len - 1 : -1].float(), -1)
                     lp = lp_all.gather(-1, gen[idx][..., None])[..., 0]
-                    ent = -(lp_all.exp() * lp_all).sum(-1).mean()
+                    with torch.no_grad():  # entropy as a statistic (ent_coef = 0), as the engine does
+                        ent = -(lp_all.exp() * lp_all.masked_fill(lp_all == float("-inf"), 0)).sum(-1).mean()
                     ratio = torch.exp(lp - old_lp[idx])
                     pg = torch.max(-adv[idx] * ratio, -adv[idx] * ratio.clamp(0.8, 1.2)).mean()
                     vc = old_v[idx] + (v - old_v[idx]).clamp(-0.2, 0.2)
                     vl = 0.5 * torch.max((v - ret[idx]) ** 2, (vc - ret[idx]) ** 2).mean()
-                    loss = pg + 0.5 * vl - 0.0 * ent
+                    loss = pg + 0.5 * vl
+                    float(ent)
                     opt.zero_grad()
                     loss.backward()
                     torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -244,16 +243,15 @@ def raw_iteration(cfg_dict: dict, repeats: int) -> dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t3 = time.perf_counter()
-        results.append(
-            {
-                "generate_s": t1 - t0,
-                "score_s": t2 - t1,
-                "update_s": t3 - t2,
-                "iteration_s": t3 - t0,
-                "peak_mem_mb": mem.peak_mb,
-            }
-        )
-    return min(results, key=lambda r: r["iteration_s"])
+        return {
+            "generate_s": t1 - t0,
+            "score_s": t2 - t1,
+            "update_s": t3 - t2,
+            "iteration_s": t3 - t0,
+            "peak_mem_mb": mem.peak_mb,
+        }
+
+    return one
 
 
 def main() -> None:
@@ -264,7 +262,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--minibatch", type=int, default=8)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--repeats", type=int, default=0, help="timed repeats (default: 2 tiny, 1 smollm2)")
+    ap.add_argument("--repeats", type=int, default=0, help="timed repeats (default: 3 tiny, 1 smollm2)")
     ap.add_argument("--skip-separate", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -277,21 +275,26 @@ def main() -> None:
     }
     for key in args.models.split(","):
         model = models[key]
-        reps = args.repeats or (2 if key == "tiny" else 1)
+        reps = args.repeats or (3 if key == "tiny" else 1)
         res: dict[str, Any] = {}
+        run_engine = engine_setup(make_config(model, "shared", "auto", args.device, args))
+        run_raw = raw_setup(make_config(model, "shared", "auto", args.device, args))
         if key == "tiny":  # warm-up: first-call overheads (allocator, kernels) are not the steady state
-            engine_iteration(make_config(model, "shared", "auto", args.device, args), 1)
-        res["engine_shared_bf16"] = engine_iteration(
-            make_config(model, "shared", "auto", args.device, args), reps
-        )
-        print(key, "engine", res["engine_shared_bf16"], flush=True)
-        res["raw_hf_bf16"] = raw_iteration(make_config(model, "shared", "auto", args.device, args), reps)
-        print(key, "raw", res["raw_hf_bf16"], flush=True)
+            run_engine()
+            run_raw()
+        eng, raw = [], []
+        for _ in range(reps):  # interleaved, so that load drift on a shared machine hits both alike
+            eng.append(run_engine())
+            raw.append(run_raw())
+            print(key, "engine", eng[-1], "raw", raw[-1], flush=True)
+        del run_engine, run_raw
+        res["engine_shared_bf16"] = min(eng, key=lambda r: r["iteration_s"])
+        res["raw_hf_bf16"] = min(raw, key=lambda r: r["iteration_s"])
         res["overhead"] = res["engine_shared_bf16"]["iteration_s"] / res["raw_hf_bf16"]["iteration_s"]
         if not args.skip_separate:
-            res["engine_separate_fp32"] = engine_iteration(
-                make_config(model, "separate", "no", args.device, args), 1
-            )
+            res["engine_separate_fp32"] = engine_setup(
+                make_config(model, "separate", "no", args.device, args)
+            )()
             print(key, "separate fp32", res["engine_separate_fp32"], flush=True)
             res["speedup_vs_separate_fp32"] = (
                 res["engine_separate_fp32"]["iteration_s"] / res["engine_shared_bf16"]["iteration_s"]

@@ -284,6 +284,7 @@ class Trainer:
         total = len(schedule)
         t_start = time.perf_counter()
         done_here = 0
+        self.events.progress(self.sft_step, total, None, "sft")
         self.policy.train()
         for step in range(self.sft_step, total):
             if self.should_stop():
@@ -475,6 +476,7 @@ class Trainer:
             total = cfg.train.n_iters
             t_start = time.perf_counter()
             start_it = self.iteration
+            self.events.progress(self.iteration, total, None, "rl")
             while self.iteration < total:
                 if self.should_stop():
                     stopped = True
