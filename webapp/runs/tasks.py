@@ -87,16 +87,19 @@ class DbSink:
     def progress(self, iteration: int, total: int, eta_seconds: float | None, phase: str = "rl") -> None:
         self.flush()
         frac = 0.0 if not total else max(0.0, min(1.0, iteration / total))
-        Run.objects.filter(pk=self.run_id).update(
-            current_iter=iteration,
-            total_iters=total,
-            eta_seconds=clean_float(eta_seconds),
-            progress=frac,
-            phase=str(phase)[:32],
-            heartbeat_at=timezone.now(),
-        )
-        run = Run.objects.get(pk=self.run_id)
-        self._send(status_message(run))
+
+        def store() -> Run:
+            Run.objects.filter(pk=self.run_id).update(
+                current_iter=iteration,
+                total_iters=total,
+                eta_seconds=clean_float(eta_seconds),
+                progress=frac,
+                phase=str(phase)[:32],
+                heartbeat_at=timezone.now(),
+            )
+            return Run.objects.get(pk=self.run_id)
+
+        self._send(status_message(_with_db_retry(store)))
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         for k, v in values.items():
@@ -112,29 +115,33 @@ class DbSink:
 
     def samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
         self.flush()
-        objs = services.ingest_samples(self.run_id, step, split, rows)
+        objs = _with_db_retry(lambda: services.ingest_samples(self.run_id, step, split, rows))
         if objs:
             self._send(services.sample_message(objs))
 
     def checkpoint(self, step: int, path: str) -> None:
         self.flush()
-        services.add_checkpoint(self.run_id, step, path)
+        _with_db_retry(lambda: services.add_checkpoint(self.run_id, step, path))
         self._send({"type": "checkpoint", "step": int(step), "path": str(path)})
 
     def log(self, message: str) -> None:
         lines = [ln for ln in str(message).splitlines() if ln.strip()] or [str(message)]
-        objs = services.add_log_lines(self.run_id, lines)
+        objs = _with_db_retry(lambda: services.add_log_lines(self.run_id, lines))
         self._send(
             {"type": "log", "lines": [{"id": o.id, "line": o.line, "time": o.time.isoformat()} for o in objs]}
         )
 
     def finished(self, summary: dict[str, Any]) -> None:
         self.flush()
-        Run.objects.filter(pk=self.run_id).update(summary=_jsonable(summary))
+        _with_db_retry(lambda: Run.objects.filter(pk=self.run_id).update(summary=_jsonable(summary)))
 
     def failed(self, error: str, traceback: str) -> None:
         self.flush()
-        Run.objects.filter(pk=self.run_id).update(error=str(error)[:10000], traceback=str(traceback))
+        _with_db_retry(
+            lambda: Run.objects.filter(pk=self.run_id).update(
+                error=str(error)[:10000], traceback=str(traceback)
+            )
+        )
 
 
 def _with_db_retry(fn: Any, attempts: int = 4) -> Any:
