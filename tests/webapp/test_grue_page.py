@@ -191,3 +191,49 @@ def test_access_requires_researcher(client, annotator, nobody, admin, db):
     assert client.get("/grue/").status_code == 403
     client.force_login(admin)
     assert client.get("/grue/").status_code == 200
+
+
+def test_real_engine_runs_land_on_the_board(researcher_client, tmp_path, db):
+    """engine.train with the platform's DbSink (no mocks): the final evaluation reaches the right cells."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    import engine
+    from webapp.runs import services
+    from webapp.runs.models import Run, RunStatus
+    from webapp.runs.tasks import DbSink
+
+    small = {
+        "train": {
+            "n_iters": 2,
+            "prompts_per_iter": 8,
+            "eval_every": 0,
+            "save_every": 0,
+            "save_final_model": False,
+        },
+        "task": {"max_eval_samples": 4},
+    }
+    ids = {}
+    for alg in ("ppo", "zero_shot"):
+        config = load_preset(f"synthetic_{alg}")
+        for section, values in small.items():
+            config[section].update(values)
+        config["train"]["output_dir"] = str(Path(settings.RUNS_DIR) / f"grue-page-{alg}")
+        if alg == "zero_shot":
+            config["train"]["n_iters"] = 0
+        run = services.create_run(config, name=f"syn-{alg}")
+        engine.train(run.config, sink=DbSink(run.pk, broadcast_enabled=False))
+        Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+        ids[alg] = run.pk
+
+    data = researcher_client.get("/grue/data.json").json()
+    row = next(t for t in data["tasks"] if t["task"] == "synthetic_increasing_numbers")
+    cells = {c["algorithm"]: c for c in row["cells"]}
+    for alg, pk in ids.items():
+        run = Run.objects.get(pk=pk)
+        assert cells[alg]["run"]["id"] == pk
+        assert cells[alg]["values"][0] == pytest.approx(run.summary["eval"]["eval/reward_mean"])
+    assert cells["ppo"]["run"]["model"] == "builtin:tiny-gpt2"
+    html = researcher_client.get("/grue/").content.decode()
+    assert f'href="/runs/{ids["ppo"]}/"' in html and f'href="/runs/{ids["zero_shot"]}/"' in html
