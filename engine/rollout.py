@@ -119,7 +119,12 @@ class _IncrementalLM:
         else:
             pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
             self.next_pos = pos[:, -1:] + 1
-            out = lm(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos, use_cache=True)
+            extra = (
+                {"logits_to_keep": 1} if _accepts(lm, "logits_to_keep") else {}
+            )  # prefill: last position only
+            out = lm(
+                input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos, use_cache=True, **extra
+            )
         self.cache_kw = "cache" if _accepts(lm, "cache") else "past_key_values"
         self.past = _cache_of(out)
         self.logits = out.logits[:, -1]
