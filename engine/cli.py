@@ -272,6 +272,8 @@ def _friendly(exc: BaseException) -> str | None:
         "MetricError",
     ):
         return str(exc)
+    if isinstance(exc, FileExistsError):
+        return str(exc)
     if isinstance(exc, FileNotFoundError):
         return f"file not found: {exc.filename or exc}"
     if name == "OutOfMemoryError" or "out of memory" in str(exc).lower():

@@ -561,6 +561,15 @@ def train(
         run_dir = Path(cfg.train.output_dir)
     else:
         run_dir = default_run_dir(cfg)
+    metrics_file = run_dir / "metrics.jsonl"
+    if not resume_from and (
+        (run_dir / "checkpoints" / "latest.json").exists()
+        or (metrics_file.exists() and metrics_file.stat().st_size)
+    ):
+        raise FileExistsError(
+            f"{run_dir} already holds a run: continue it with resume_from={str(run_dir)!r} "
+            f"(CLI: --resume {run_dir}) or choose another train.output_dir"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     run_sink = RunDirSink(run_dir)
     events = MultiSink(run_sink, sink)

@@ -47,6 +47,9 @@ def test_train_then_eval_then_resume_finished_run(tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert printed["n_samples"] == 3 and saved["split"] == "test"
     assert "reward_mean" in saved["metrics"] and len(saved["samples"]) == 3
+    # a second fresh run into the same directory is refused with the way out
+    assert main(["train", str(cfg), "--quiet", "--set", f"train.output_dir={run}"]) == 2
+    assert f"--resume {run}" in capsys.readouterr().err
     # resuming a finished run needs no CONFIG and does no more iterations
     assert main(["train", "--resume", str(run), "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out)["iterations"] == 2
