@@ -111,6 +111,21 @@ CHANGED_ARGS: dict[str, dict[str, str]] = {
     },
     "metric:bertscore": {"language": "BERTScore uses the encoder in args.model (default: offline MiniLM)"},
     "reward:bert_score": {"language": "BERTScore uses the encoder in args.model (default: offline MiniLM)"},
+    # py-rouge options RL4LMs passes to ROUGE-L-max; rouge-score has no equivalent (the reward accepts and
+    # ignores them, so say so here).
+    "reward:rouge_l_max": {
+        k: "py-rouge option; ROUGE-L-max here is rouge-score's ROUGE-L F (stemming kept)"
+        for k in (
+            "max_n",
+            "limit_length",
+            "length_limit",
+            "length_limit_type",
+            "apply_avg",
+            "apply_best",
+            "alpha",
+            "weight_factor",
+        )
+    },
 }
 
 # Keys with no meaning beyond RL4LMs's own logging / bookkeeping: accepted quietly.
