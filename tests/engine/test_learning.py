@@ -43,7 +43,7 @@ RL = {
 def test_rl_raises_mean_reward(small_config, tmp_path, algo):
     over = json.loads(json.dumps(RL))
     over["algorithm"]["id"] = algo
-    over["algorithm"]["nlpo"] = {"top_mask": 0.9, "min_tokens_to_keep": 100, "mask_update_interval": 2}
+    over["algorithm"]["nlpo"] = {"top_mask": 0.9, "min_tokens_to_keep": 100, "mask_update_interval": 1}
     over["train"]["output_dir"] = str(tmp_path / algo)
     engine.train(small_config(**over))
     rewards = _series(tmp_path / algo, "train/reward_mean")
