@@ -14,7 +14,7 @@
     cells.forEach(function (c, i) {
       const td = document.createElement("td");
       td.textContent = c;
-      if (i > 0 && /^[-\d.—]/.test(String(c))) td.className = "num";
+      if (i > 0 && /^[-\d.—–\s()]+$/.test(String(c)) && String(c) !== "") td.className = "num";
       tr.appendChild(td);
     });
     tbody.appendChild(tr);
