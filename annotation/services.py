@@ -26,7 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F
+from django.db.models import Count, Exists, F, OuterRef
 from django.utils import timezone
 
 from annotation import stats
@@ -717,6 +717,11 @@ def record_judgment(
             Assignment.objects.select_for_update(of=("self",))
             .select_related("item", "campaign")
             .filter(token=str(token or ""))
+            .annotate(
+                member=Exists(
+                    Membership.objects.filter(campaign=OuterRef("campaign"), user=OuterRef("annotator"))
+                )
+            )
             .first()
         )
         if a is None or a.annotator_id != user.pk:
@@ -728,7 +733,7 @@ def record_judgment(
         camp = a.campaign
         if camp.status != CampaignStatus.ACTIVE:
             raise Rejected("this campaign is not active")
-        if not is_member(camp, user):
+        if not a.member:  # removed from the campaign since the item was served
             raise Rejected("you are not an annotator of this campaign")
         stored_choice = ""
         clean_scores: dict[str, int] = {}

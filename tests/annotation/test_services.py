@@ -324,3 +324,15 @@ def test_csv_export_neutralises_formulas_and_signup_validates_names():
     inv = services.create_invite(camp)
     with pytest.raises(services.AnnotationError, match="letters, numbers"):
         services.signup_with_invite(inv.token, "bad name <script>", "a-long-password")
+
+
+def test_removed_annotator_cannot_submit_an_open_assignment():
+    camp = services.create_campaign_from_upload("c", sentiment_upload(2), overlap=1)
+    u = make_user("u")
+    services.add_member(camp, u)
+    services.start_campaign(camp)
+    a = services.next_item(camp, u)
+    camp.memberships.filter(user=u).delete()
+    with pytest.raises(services.Rejected, match="not an annotator"):
+        services.record_judgment(u, a.token, item_id=a.item_id, choice="left")
+    assert Judgment.objects.count() == 0
