@@ -336,3 +336,15 @@ def test_removed_annotator_cannot_submit_an_open_assignment():
     with pytest.raises(services.Rejected, match="not an annotator"):
         services.record_judgment(u, a.token, item_id=a.item_id, choice="left")
     assert Judgment.objects.count() == 0
+
+
+def test_run_page_shows_its_human_evaluation(two_runs, researcher_client):
+    """The run page (platform view) embeds the campaign ranking of that run."""
+    good, bad = two_runs
+    camp = services.create_campaign_from_runs("judged-on-run-page", [good.pk, bad.pk], overlap=1)
+    u = make_user("judge")
+    services.add_member(camp, u)
+    services.start_campaign(camp)
+    _judge_all(camp, [u], lambda item, _u: "a" if item.system_a == f"run:{good.pk}" else "b")
+    html = researcher_client.get(f"/runs/{good.pk}/").content.decode()
+    assert 'id="human-eval"' in html and "judged-on-run-page" in html and "1 of 2" in html
