@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.models.policy import ActorCritic, _accepts, lm_forward, processed_logprobs
+from engine.models.policy import ActorCritic, EosBan, _accepts, lm_forward, processed_logprobs
 
 
 @dataclass
@@ -46,13 +46,9 @@ class SamplingSpec:
             mask_min_tokens=nlpo.min_tokens_to_keep if nlpo is not None else 1,
         )
 
-    def restricts_support(self, with_mask: bool) -> bool:
-        return (
-            self.top_k > 0
-            or self.top_p < 1.0
-            or (self.min_new_tokens > 0 and self.eos_id is not None)
-            or (with_mask and self.mask_top_p is not None)
-        )
+    def needs_full_support(self, with_mask: bool) -> bool:
+        """True when the action space must be stored per step as a (B, T, V) mask."""
+        return self.top_k > 0 or self.top_p < 1.0 or (with_mask and self.mask_top_p is not None)
 
 
 def top_p_keep(logits: torch.Tensor, top_p: float, min_keep: int = 1) -> torch.Tensor:
@@ -93,7 +89,7 @@ def process_step(
 class Generated:
     gen_ids: torch.Tensor  # (B, T) generated tokens, pad after the episode ended
     gen_mask: torch.Tensor  # (B, T) 1 for tokens of the episode (up to and including EOS)
-    support: torch.Tensor | None  # (B, T, V) bool: the action space of each step, or None = full vocab
+    support: torch.Tensor | EosBan | None  # (B, T, V) bool action space per step; EosBan; None = full vocab
     sample_logprobs: torch.Tensor  # (B, T) log-prob of each token under the processed distribution
 
 
@@ -185,7 +181,7 @@ def generate(
             if masking_lm is not None
             else None
         )
-        keep_support = record_support and spec.restricts_support(masking_lm is not None)
+        keep_support = record_support and spec.needs_full_support(masking_lm is not None)
         tokens, masks, supports, logps = [], [], [], []
         alive = torch.ones(bsz, dtype=torch.bool, device=device)
         for step in range(spec.max_new_tokens):
@@ -210,7 +206,11 @@ def generate(
                 msk.step(tok)
     gen_ids = torch.stack(tokens, dim=1)
     gen_mask = torch.stack(masks, dim=1).float()
-    support = torch.stack(supports, dim=1) if keep_support else None
+    support: torch.Tensor | EosBan | None = None
+    if keep_support:
+        support = torch.stack(supports, dim=1)
+    elif record_support and spec.min_new_tokens > 0 and spec.eos_id is not None:
+        support = EosBan(spec.eos_id, spec.min_new_tokens)
     return Generated(gen_ids, gen_mask, support, torch.stack(logps, dim=1))
 
 
@@ -226,7 +226,7 @@ class RolloutBatch:
     prompt_mask: torch.Tensor
     gen_ids: torch.Tensor
     gen_mask: torch.Tensor
-    support: torch.Tensor | None
+    support: torch.Tensor | EosBan | None
     logprobs: torch.Tensor
     ref_logprobs: torch.Tensor
     values: torch.Tensor
@@ -283,7 +283,7 @@ def score(
     policy: ActorCritic,
     ref_lm: Any | None,
     inputs: dict[str, torch.Tensor],
-    support: torch.Tensor | None,
+    support: torch.Tensor | EosBan | None,
     temperature: float,
     autocast_dtype: torch.dtype | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -368,8 +368,8 @@ def collect(
         parts["rlp"].append(rlp if rlp is not None else lp.clone())
         parts["sup"].append(g.support)
     policy.train(was_training)
-    support = None
-    if parts["sup"][0] is not None:  # same spec for every chunk: all or none carry a support
+    support = parts["sup"][0]  # same spec for every chunk: all tensors, all the same EosBan, or all None
+    if isinstance(support, torch.Tensor):
         t_max = max(t.shape[1] for t in parts["gi"])
         sups = []
         for s in parts["sup"]:

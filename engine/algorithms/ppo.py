@@ -135,7 +135,7 @@ def _trim(batch: Any, idx: torch.Tensor) -> tuple[dict[str, torch.Tensor], slice
         "gen_ids": inputs["gen_ids"][:, :t_max],
         "gen_mask": inputs["gen_mask"][:, :t_max],
     }
-    support = batch.support[idx][:, :t_max] if batch.support is not None else None
+    support = batch.support[idx][:, :t_max] if isinstance(batch.support, torch.Tensor) else batch.support
     return inputs, slice(0, t_max), support
 
 

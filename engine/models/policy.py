@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -165,14 +166,31 @@ def frozen_copy(lm: Any) -> Any:
     return ref
 
 
+@dataclass(frozen=True)
+class EosBan:
+    """A compact support: the whole vocabulary except EOS during the first ``steps`` steps.
+
+    ``min_new_tokens`` alone needs no (B, T, V) mask; this keeps its scoring as cheap as no mask.
+    """
+
+    eos_id: int
+    steps: int
+
+
 def processed_logprobs(
-    logits: torch.Tensor, temperature: float, support: torch.Tensor | None
+    logits: torch.Tensor, temperature: float, support: torch.Tensor | EosBan | None
 ) -> torch.Tensor:
     """Log-probs of the distribution actually sampled from: temperature, then restriction to ``support``."""
     x = logits.float()
     if temperature != 1.0:
         x = x / temperature
-    if support is not None:
+    if isinstance(support, EosBan):
+        n = min(support.steps, x.shape[-2])
+        if n > 0:
+            if x is logits:  # never modify the caller's tensor in place
+                x = x.clone()
+            x[..., :n, support.eos_id] = float("-inf")
+    elif support is not None:
         x = x.masked_fill(~support, float("-inf"))
     return torch.log_softmax(x, dim=-1)
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-import copy
+import os
+
+# The hub is unreachable here: fail fast instead of retrying (set before transformers is imported).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import copy  # noqa: E402
 from typing import Any
 
 import pytest

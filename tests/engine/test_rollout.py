@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.data.base import Sample
-from engine.models.policy import frozen_copy
+from engine.models.policy import EosBan, frozen_copy
 from engine.rollout import SamplingSpec, collect, generate, score, tokenize_prompts
 
 PROMPTS = [
@@ -23,8 +23,8 @@ def _samples(prompts=PROMPTS):
 @pytest.mark.parametrize("kind", ["causal", "seq2seq"])
 @pytest.mark.parametrize(
     "spec_kw",
-    [{}, {"top_k": 20, "top_p": 0.8, "temperature": 0.7, "min_new_tokens": 3}],
-    ids=["plain", "topk-topp-temp-minlen"],
+    [{}, {"min_new_tokens": 4}, {"top_k": 20, "top_p": 0.8, "temperature": 0.7, "min_new_tokens": 3}],
+    ids=["plain", "minlen", "topk-topp-temp-minlen"],
 )
 def test_scored_logprobs_equal_sampling_logprobs(make_policy, kind, spec_kw):
     policy, tok = make_policy(kind)
@@ -35,7 +35,9 @@ def test_scored_logprobs_equal_sampling_logprobs(make_policy, kind, spec_kw):
     )
     assert batch.gen_ids.shape[0] == 3
     assert (batch.support is None) == (not spec_kw)
-    if batch.support is not None:
+    if "top_k" not in spec_kw:  # min_new_tokens alone is stored compactly, without a (B, T, V) mask
+        assert batch.support is None or isinstance(batch.support, EosBan)
+    else:
         # every sampled token lies inside the recorded action space, and top-k really restricted it
         chosen = batch.support.gather(-1, batch.gen_ids.unsqueeze(-1)).squeeze(-1)
         assert bool(chosen[batch.gen_mask.bool()].all())
