@@ -57,7 +57,9 @@ class ModelConfig(Strict):
         "shared",
         description="'shared': a value head on the policy's trunk (one model); 'separate': a full critic copy.",
     )
-    device: str = Field("auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1'.")
+    device: str = Field(
+        "auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1'."
+    )
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
         "auto",
         description="Autocast precision for forward passes; master weights stay fp32. 'auto' = bf16 where supported.",
@@ -71,7 +73,9 @@ class ModelConfig(Strict):
 class TokenizerConfig(Strict):
     name_or_path: str | None = Field(None, description="Tokenizer id or path; default: the model's.")
     padding_side: Literal["left", "right"] = Field("left", description="Padding side of prompts.")
-    truncation_side: Literal["left", "right"] = Field("left", description="Which end of a long prompt is cut.")
+    truncation_side: Literal["left", "right"] = Field(
+        "left", description="Which end of a long prompt is cut."
+    )
     pad_token_as_eos_token: bool = Field(
         True, description="Use EOS as the pad token when the tokenizer has none (masks keep them apart)."
     )
@@ -89,12 +93,16 @@ class TaskConfig(Strict):
 
 
 class RewardConfig(Strict):
-    id: str = Field("increasing_numbers", description="Registered reward id ('weighted_sum' combines several).")
+    id: str = Field(
+        "increasing_numbers", description="Registered reward id ('weighted_sum' combines several)."
+    )
     args: dict[str, Any] = Field(default_factory=dict, description="Reward arguments.")
     components: list[WeightedComponent] = Field(
         default_factory=list, description="For id 'weighted_sum': the rewards to add, each with a weight."
     )
-    include_prompt: bool = Field(False, description="Score prompt + generation instead of the generation alone.")
+    include_prompt: bool = Field(
+        False, description="Score prompt + generation instead of the generation alone."
+    )
 
 
 class GenerationConfig(Strict):
@@ -115,8 +123,12 @@ class GenerationConfig(Strict):
 
 
 class NLPOConfig(Strict):
-    top_mask: float = Field(0.9, gt=0, le=1, description="Top-p mass of the masking policy kept as the action space.")
-    min_tokens_to_keep: int = Field(100, ge=1, description="Never mask the action space below this many tokens.")
+    top_mask: float = Field(
+        0.9, gt=0, le=1, description="Top-p mass of the masking policy kept as the action space."
+    )
+    min_tokens_to_keep: int = Field(
+        100, ge=1, description="Never mask the action space below this many tokens."
+    )
     mask_update_interval: int = Field(
         5, ge=1, description="Refresh the masking policy from the current policy every N iterations."
     )
@@ -131,28 +143,39 @@ class AlgorithmConfig(Strict):
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor of GAE.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     clip_range: float = Field(0.2, gt=0, description="PPO ratio clip epsilon.")
-    clip_range_value: float | None = Field(0.2, description="Value clipping range (None = no value clipping).")
+    clip_range_value: float | None = Field(
+        0.2, description="Value clipping range (None = no value clipping)."
+    )
     vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     ent_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     max_grad_norm: float = Field(0.5, gt=0, description="Gradient clipping norm.")
     target_kl: float | None = Field(
-        None, description="Stop the epoch loop early when the approximate KL to the rollout policy exceeds this."
+        None,
+        description="Stop the epoch loop early when the approximate KL to the rollout policy exceeds this.",
     )
     whiten_advantages: bool = Field(True, description="Normalise advantages to zero mean, unit variance.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    nlpo: NLPOConfig = Field(default_factory=NLPOConfig, description="NLPO masking settings (id 'nlpo' only).")
-    extra: dict[str, Any] = Field(default_factory=dict, description="Arguments for user-registered algorithms.")
+    nlpo: NLPOConfig = Field(
+        default_factory=NLPOConfig, description="NLPO masking settings (id 'nlpo' only)."
+    )
+    extra: dict[str, Any] = Field(
+        default_factory=dict, description="Arguments for user-registered algorithms."
+    )
 
 
 class KLConfig(Strict):
-    controller: Literal["adaptive", "fixed"] = Field("adaptive", description="Adaptive (Ziegler et al.) or fixed beta.")
+    controller: Literal["adaptive", "fixed"] = Field(
+        "adaptive", description="Adaptive (Ziegler et al.) or fixed beta."
+    )
     init_coef: float = Field(0.1, ge=0, description="Initial KL penalty coefficient beta.")
     target: float | None = Field(0.1, gt=0, description="Target KL per episode for the adaptive controller.")
     horizon: int = Field(10000, ge=1, description="Adaptive controller horizon (episodes).")
 
 
 class SupervisedConfig(Strict):
-    enabled: bool = Field(False, description="Run supervised fine-tuning on references before RL (warm start).")
+    enabled: bool = Field(
+        False, description="Run supervised fine-tuning on references before RL (warm start)."
+    )
     epochs: float = Field(1.0, gt=0, description="Passes over the training references.")
     learning_rate: float = Field(1e-4, gt=0, description="SFT learning rate.")
     batch_size: int = Field(16, ge=1, description="SFT batch size.")
@@ -188,13 +211,19 @@ class RunConfig(Strict):
 
     name: str = Field("run", description="Human-readable name of the run.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
-    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Tokenizer and prompt handling.")
+    tokenizer: TokenizerConfig = Field(
+        default_factory=TokenizerConfig, description="Tokenizer and prompt handling."
+    )
     task: TaskConfig = Field(default_factory=TaskConfig, description="Data pool.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Training reward.")
-    rollout: GenerationConfig = Field(default_factory=GenerationConfig, description="Generation during rollouts.")
+    rollout: GenerationConfig = Field(
+        default_factory=GenerationConfig, description="Generation during rollouts."
+    )
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
     kl: KLConfig = Field(default_factory=KLConfig, description="KL penalty to the reference model.")
-    supervised: SupervisedConfig = Field(default_factory=SupervisedConfig, description="Supervised warm start.")
+    supervised: SupervisedConfig = Field(
+        default_factory=SupervisedConfig, description="Supervised warm start."
+    )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training loop.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
 
@@ -280,7 +309,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def is_rl4lms_config(data: dict[str, Any]) -> bool:
-    return isinstance(data, dict) and ("datapool" in data or "reward_fn" in data or "alg" in data or "env" in data)
+    return isinstance(data, dict) and (
+        "datapool" in data or "reward_fn" in data or "alg" in data or "env" in data
+    )
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

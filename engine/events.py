@@ -65,7 +65,11 @@ class MultiSink(NullSink):
         self.sinks = [s for s in sinks if s is not None]
 
     def __getattribute__(self, name: str) -> Any:
-        if name in EventSink.__dict__ and not name.startswith("_") and callable(getattr(NullSink, name, None)):
+        if (
+            name in EventSink.__dict__
+            and not name.startswith("_")
+            and callable(getattr(NullSink, name, None))
+        ):
             sinks = object.__getattribute__(self, "sinks")
 
             def fan(*args: Any, **kwargs: Any) -> None:
