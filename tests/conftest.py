@@ -243,11 +243,16 @@ def celery_worker(_session_worker: WorkerProcess, settings: Any) -> WorkerProces
 class AsgiServer:
     """A real daphne serving ``webapp.asgi:application`` on a free loopback port."""
 
-    def __init__(self, test_db_name: str, runs_dir: Path):
+    def __init__(self, test_db_name: str, runs_dir: Path, queue: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
         self.log_path = runs_dir / f"daphne-{self.port}.log"
+        env = _subprocess_env(test_db_name, GRUE_RUNS_DIR=str(runs_dir))
+        # The browser fixture's async-unsafe exemption is for the test process only.
+        env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        if queue:
+            env["CELERY_QUEUE"] = queue  # launches from this server go to that worker's queue
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
             [
@@ -261,7 +266,7 @@ class AsgiServer:
                 "webapp.asgi:application",
             ],
             cwd=ROOT,
-            env=_subprocess_env(test_db_name, GRUE_RUNS_DIR=str(runs_dir)),
+            env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

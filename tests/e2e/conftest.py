@@ -7,16 +7,13 @@ Browser tests need committed rows: mark them ``@pytest.mark.django_db(transactio
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conftest import AsgiServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -31,75 +28,10 @@ CHROMIUM_ARGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveServer:
-    """daphne serving ``webapp.asgi:application`` against pytest-django's test database."""
-
-    def __init__(self, test_db_name: str, runs_dir: Path, queue: str):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = runs_dir / f"daphne-e2e-{self.port}.log"
-        env = dict(os.environ)
-        env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the browser fixture's exemption is for this process only
-        env.update(
-            DJANGO_SETTINGS_MODULE="webapp.settings",
-            GRUE_TEST_DB_NAME=test_db_name,
-            GRUE_RUNS_DIR=str(runs_dir),
-            CELERY_QUEUE=queue,  # launches from the browser go to the test worker's queue
-            PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-        )
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "webapp.asgi:application",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daphne exited with {self.proc.returncode}:\n{self.log()}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"daphne did not listen within 60 s:\n{self.log()}")
-            time.sleep(0.1)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-
-
 @pytest.fixture
-def live_server_with_worker(celery_worker: Any, test_db_name: str, runs_dir: Path) -> Iterator[LiveServer]:
+def live_server_with_worker(celery_worker: Any, test_db_name: str, runs_dir: Path) -> Iterator[AsgiServer]:
     """A real daphne whose launches are executed by the session's real Celery worker."""
-    server = LiveServer(test_db_name, runs_dir, celery_worker.queue)
+    server = AsgiServer(test_db_name, runs_dir, queue=celery_worker.queue)
     yield server
     server.stop()
 
