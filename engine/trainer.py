@@ -308,7 +308,9 @@ class Trainer:
             opt.step()
             self.sft_step = step + 1
             done_here += 1
-            self.events.metrics(self.sft_step, {"sft/loss": float(loss.detach()), "sft/grad_norm": float(gnorm)})
+            self.events.metrics(
+                self.sft_step, {"sft/loss": float(loss.detach()), "sft/grad_norm": float(gnorm)}
+            )
             elapsed = time.perf_counter() - t_start
             eta = elapsed / done_here * (total - self.sft_step)
             self.events.progress(self.sft_step, total, eta, "sft")

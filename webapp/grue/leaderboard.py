@@ -21,15 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-ALGORITHMS = ("zero_shot", "supervised", "ppo", "nlpo", "supervised_ppo", "supervised_nlpo")
-ALGORITHM_LABELS = {
-    "zero_shot": "Zero-shot",
-    "supervised": "Supervised",
-    "ppo": "PPO",
-    "nlpo": "NLPO",
-    "supervised_ppo": "Supervised + PPO",
-    "supervised_nlpo": "Supervised + NLPO",
-}
+from engine.presets import ALGORITHM_LABELS, ALGORITHMS
 
 
 @dataclass(frozen=True)
