@@ -80,15 +80,20 @@
     traces() {
       const out = [];
       const smooth = this.alpha > 0;
+      // SVG for the usual few thousand points: cheaper to draw than WebGL and no per-chart WebGL context
+      // (browsers cap those at ~16 per page); WebGL only for a long full-resolution range.
+      let total = 0;
+      this.series.forEach((s) => { total += (this.zoomRange && s.zoom ? s.zoom : s.points).size; });
+      const kind = total > 20000 ? "scattergl" : "scatter";
       this.series.forEach((s, name) => {
         const src = this.zoomRange && s.zoom ? s.zoom : s.points;
         const { x, y } = sortedXY(src);
-        out.push({ x: x, y: y, name: name, type: "scattergl", mode: x.length < 40 ? "lines+markers" : "lines",
+        out.push({ x: x, y: y, name: name, type: kind, mode: x.length < 40 ? "lines+markers" : "lines",
           line: { color: s.color, width: smooth ? 1 : 1.6 }, marker: { size: 4 },
           opacity: smooth ? 0.25 : 1, showlegend: !smooth, legendgroup: name,
           hovertemplate: name + "<br>step %{x}<br>%{y:.4g}<extra></extra>" });
         if (smooth) {
-          out.push({ x: x, y: ema(y, this.alpha), name: name, type: "scattergl", mode: "lines",
+          out.push({ x: x, y: ema(y, this.alpha), name: name, type: kind, mode: "lines",
             line: { color: s.color, width: 2 }, legendgroup: name,
             hovertemplate: name + " (EMA)<br>step %{x}<br>%{y:.4g}<extra></extra>" });
         }
