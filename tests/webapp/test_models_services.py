@@ -79,6 +79,40 @@ def test_output_dir_must_stay_inside_allowed_roots(researcher, settings, tmp_pat
     assert run.config["train"]["output_dir"] == str(tmp_path / "r1")
 
 
+def test_local_model_and_data_paths_must_stay_inside_read_roots(researcher, settings, tmp_path):
+    """Paths a run would READ (models, tokenizers, data files, classifiers) are confined like output dirs;
+    hub ids and builtin models are not paths; shipped assets and presets stay launchable."""
+    from engine.presets import load_preset
+
+    settings.ALLOWED_ROOTS = [tmp_path]
+    outside = {
+        "model": {"name_or_path": "/etc"},
+        "tokenizer": {"name_or_path": "../../../../etc"},
+        "task": {"id": "imdb", "args": {"path": "/etc/passwd"}},
+        "reward": {"id": "learned", "args": {"model_path": "~/../../root"}},
+        "eval": {"metrics": [{"id": "perplexity", "args": {"model": "/usr/lib"}}]},
+    }
+    with pytest.raises(services.ConfigInvalid) as exc:
+        services.create_run({**TINY, **outside}, user=researcher)
+    assert sorted(exc.value.field_errors) == [
+        "eval.metrics[0].args.model",
+        "model.name_or_path",
+        "reward.args.model_path",
+        "task.args.path",
+        "tokenizer.name_or_path",
+    ]
+    assert not Run.objects.exists()
+    (tmp_path / "data.jsonl").write_text('{"text": "a fine film", "label": 1}\n')
+    inside = {
+        **TINY,
+        "model": {"name_or_path": "gpt2"},
+        "task": {"id": "imdb", "args": {"path": str(tmp_path)}},
+    }
+    assert services.create_run(inside, user=researcher).config["model"]["name_or_path"] == "gpt2"
+    preset = load_preset("imdb_ppo_offline")  # SmolLM2 GGUF inside its wheel, VADER, shipped fixture
+    assert services.create_run(preset, user=researcher).config["model"]["name_or_path"].endswith(".gguf")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_broker_down_keeps_run_as_retryable_draft(researcher, scratch_queue):
     good_url = celery_app.conf.broker_url

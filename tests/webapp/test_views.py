@@ -151,6 +151,18 @@ def test_invalid_config_shows_field_errors_and_queues_nothing(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_model_path_outside_allowed_roots_is_a_field_error(
+    researcher_client: Client, scratch_queue: str, settings: Any, tmp_path: Any
+) -> None:
+    settings.ALLOWED_ROOTS = [tmp_path]
+    data = launch_data()
+    data["model__name_or_path"] = "/etc"
+    html = researcher_client.post("/launch/", data).content.decode()
+    assert 'data-error-for="model.name_or_path"' in html and "outside the allowed directories" in html
+    assert Run.objects.count() == 0 and queued(scratch_queue) == 0
+
+
+@pytest.mark.django_db(transaction=True)
 def test_valid_launch_creates_run_and_enqueues_once(
     researcher_client: Client, researcher: Any, scratch_queue: str
 ) -> None:

@@ -104,12 +104,13 @@ async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researc
     assert (Path(model.path) / "config.json").exists()
 
 
-def test_crashing_run_is_failed_with_traceback(celery_worker, researcher, wait_for):
-    run = services.launch_run(tiny(2, model={"name_or_path": "/nonexistent/grue/model"}), user=researcher)
+def test_crashing_run_is_failed_with_traceback(celery_worker, researcher, runs_dir, wait_for):
+    missing = str(runs_dir / "no-such-model")  # allowed to launch (inside the roots), fails in the engine
+    run = services.launch_run(tiny(2, model={"name_or_path": missing}), user=researcher)
     wait_for(lambda: status_of(run.pk) in ("failed", "succeeded"), timeout=120, what="run to fail")
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
-    assert "/nonexistent/grue/model" in run.error
+    assert missing in run.error
     assert "Traceback" in run.traceback and "engine" in run.traceback
     assert run.finished_at is not None
 

