@@ -121,11 +121,9 @@ class ConsoleSink(NullSink):
         for k in self.show:
             if k in values and values[k] is not None:
                 self.postfix[k.split("/")[-1]] = f"{values[k]:.4g}"
-        evals = [
-            f"{k[5:]}={v:.4g}" for k, v in values.items() if k.startswith("eval/") and isinstance(v, float)
-        ]
-        if evals:
-            self.log(f"eval at step {step}: " + ", ".join(evals))
+        line = eval_log_line(step, values)
+        if line:
+            self.log(line)
 
     def checkpoint(self, step: int, path: str) -> None:
         self.log(f"checkpoint at step {step}: {path}")
@@ -146,3 +144,27 @@ class ConsoleSink(NullSink):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+# Training keys worth a log line per iteration, in display order, with short labels.
+_ITERATION_KEYS = (
+    ("train/reward_mean", "reward"),
+    ("train/kl", "kl"),
+    ("train/kl_coef", "beta"),
+    ("loss/total", "loss"),
+    ("sft/loss", "sft loss"),
+    ("policy/entropy", "entropy"),
+    ("time/iteration_s", "s/iter"),
+)
+
+
+def eval_log_line(step: int, values: dict[str, Any]) -> str | None:
+    """One human line for the evaluation metrics in a ``metrics`` event (CLI and web log tails)."""
+    evals = [f"{k[5:]}={v:.4g}" for k, v in values.items() if k.startswith("eval/") and isinstance(v, float)]
+    return f"eval at step {step}: " + ", ".join(evals) if evals else None
+
+
+def iteration_log_line(step: int, values: dict[str, Any]) -> str | None:
+    """One human line for a training iteration's headline metrics, or None if it has none."""
+    parts = [f"{label}={values[k]:.4g}" for k, label in _ITERATION_KEYS if isinstance(values.get(k), float)]
+    return f"step {step}: " + ", ".join(parts) if parts else None

@@ -98,6 +98,10 @@ async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researc
     assert seen["samples"] and seen["checkpoint"]
     assert run.summary.get("iterations") == 2
     assert "train/reward_mean" in run.last_metrics
+    logs = await database_sync_to_async(lambda: list(run.logs.values_list("line", flat=True)))()
+    assert logs[0].startswith("started on ") and "ppo on builtin:tiny-gpt2" in logs[0]
+    assert sum(line.startswith(("step 1: reward=", "step 2: reward=")) for line in logs) == 2
+    assert logs[-1] == "finished after 2 iterations"
     n_ckpt = await database_sync_to_async(run.checkpoints.count)()
     assert n_ckpt >= 1
     model = await database_sync_to_async(lambda: run.artifacts.get(kind="model"))()

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
+from engine.sinks import eval_log_line, iteration_log_line
 from webapp.runs import services
 from webapp.runs.broadcast import broadcast, clean_float, status_message
 from webapp.runs.models import Artifact, Run, RunStatus
@@ -83,6 +84,12 @@ class DbSink:
     def run_started(self, config: dict[str, Any], run_dir: str | None = None) -> None:
         if run_dir:
             Run.objects.filter(pk=self.run_id).update(run_dir=str(run_dir))
+        algo = (config.get("algorithm") or {}).get("id")
+        model = (config.get("model") or {}).get("name_or_path")
+        task = (config.get("task") or {}).get("id")
+        self.log(
+            f"started on {socket.gethostname()}: {algo} on {model}, task {task}; run dir {run_dir or '-'}"
+        )
 
     def progress(self, iteration: int, total: int, eta_seconds: float | None, phase: str = "rl") -> None:
         self.flush()
@@ -108,6 +115,10 @@ class DbSink:
             except (TypeError, ValueError):
                 continue
             self._buf.append((str(k), int(step), fv))
+        # The run page's log tail: one line per iteration and per evaluation (values stored as metrics).
+        for line in (iteration_log_line(step, values), eval_log_line(step, values)):
+            if line:
+                self.log(line)
         if self._buf_since is None:
             self._buf_since = time.monotonic()
         if len(self._buf) >= self.batch_points or time.monotonic() - self._buf_since >= self.max_delay:
@@ -123,6 +134,7 @@ class DbSink:
         self.flush()
         _with_db_retry(lambda: services.add_checkpoint(self.run_id, step, path))
         self._send({"type": "checkpoint", "step": int(step), "path": str(path)})
+        self.log(f"checkpoint at step {step}: {path}")
 
     def log(self, message: str) -> None:
         lines = [ln for ln in str(message).splitlines() if ln.strip()] or [str(message)]
@@ -134,6 +146,7 @@ class DbSink:
     def finished(self, summary: dict[str, Any]) -> None:
         self.flush()
         _with_db_retry(lambda: Run.objects.filter(pk=self.run_id).update(summary=_jsonable(summary)))
+        self.log(f"finished after {summary.get('iterations', '?')} iterations")
 
     def failed(self, error: str, traceback: str) -> None:
         self.flush()
@@ -142,6 +155,7 @@ class DbSink:
                 error=str(error)[:10000], traceback=str(traceback)
             )
         )
+        self.log(f"failed: {error}")
 
 
 def _with_db_retry(fn: Any, attempts: int = 4) -> Any:
