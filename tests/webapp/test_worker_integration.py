@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from webapp.asgi import application
-from webapp.runs import services
+from webapp.runs import queries, services
 from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,6 +52,15 @@ def _cookie(user) -> str:
     c = Client()
     c.force_login(user)
     return f"{settings.SESSION_COOKIE_NAME}={c.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+def _series_query_count(run_id: int, max_points: int) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        queries.metric_series_many(run_id, max_points=max_points)
+    return len(ctx.captured_queries)
 
 
 async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researcher):
@@ -102,6 +111,10 @@ async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researc
     assert logs[0].startswith("started on ") and "ppo on builtin:tiny-gpt2" in logs[0]
     assert sum(line.startswith(("step 1: reward=", "step 2: reward=")) for line in logs) == 2
     assert logs[-1] == "finished after 2 iterations"
+    # the worker warmed the chart cache at the page's overview size: reading it touches no metric rows
+    warm = await database_sync_to_async(_series_query_count)(run.pk, queries.OVERVIEW_POINTS)
+    cold = await database_sync_to_async(_series_query_count)(run.pk, queries.OVERVIEW_POINTS + 1)
+    assert warm < cold
     n_ckpt = await database_sync_to_async(run.checkpoints.count)()
     assert n_ckpt >= 1
     model = await database_sync_to_async(lambda: run.artifacts.get(kind="model"))()

@@ -184,6 +184,11 @@ def metric_keys(run_ids: int | Iterable[int]) -> list[str]:
 # --------------------------------------------------------------------------- metric series
 
 
+# Points per series in a run page's first paint: 500 min/max buckets, more than a chart's pixel width.
+# The worker warms the cache at this size when a run ends, so a finished run's charts come from Redis.
+OVERVIEW_POINTS = 1000
+
+
 def metric_series(
     run_id: int,
     key: str,

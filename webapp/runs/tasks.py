@@ -23,7 +23,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from django.utils import timezone
 
 from engine.sinks import eval_log_line, iteration_log_line
-from webapp.runs import services
+from webapp.runs import queries, services
 from webapp.runs.broadcast import broadcast, clean_float, status_message
 from webapp.runs.models import Artifact, Run, RunStatus
 
@@ -147,6 +147,10 @@ class DbSink:
         self.flush()
         _with_db_retry(lambda: Run.objects.filter(pk=self.run_id).update(summary=_jsonable(summary)))
         self.log(f"finished after {summary.get('iterations', '?')} iterations")
+        try:  # warm the chart cache: the first visit of a finished run reads Redis, not 100k rows
+            queries.metric_series_many(self.run_id, max_points=queries.OVERVIEW_POINTS)
+        except Exception:  # noqa: BLE001 - a cold cache only costs the first visitor some time
+            log.warning("could not warm the chart cache of run %s", self.run_id, exc_info=True)
 
     def failed(self, error: str, traceback: str) -> None:
         self.flush()

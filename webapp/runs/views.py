@@ -271,6 +271,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "run_id": run.pk,
         "ws_path": f"/ws/runs/{run.pk}/",
         "series_url": reverse("runs:series", args=[run.pk]),
+        "overview_points": queries.OVERVIEW_POINTS,
         "sample_cursor": max((s["id"] for s in samples), default=0),
         "log_cursor": logs[-1].id if logs else 0,
         "groups": _chart_groups(),

@@ -216,9 +216,9 @@
   }
 
   // 1) overview series (cursor read before the series on the server), 2) websocket from that cursor.
-  // 1,000 points per series (500 min/max buckets) is more than a chart's pixel width; zooming in
+  // cfg.overview_points per series (min/max buckets) is more than a chart's pixel width; zooming in
   // fetches full resolution for the visible range.
-  fetch(cfg.series_url + "?max_points=1000", { credentials: "same-origin", headers: { Accept: "application/json" } })
+  fetch(cfg.series_url + "?max_points=" + cfg.overview_points, { credentials: "same-origin", headers: { Accept: "application/json" } })
     .then((r) => { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
     .then((data) => {
       state.metricCursor = data.cursor || 0;
