@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from engine.config import ConfigError
+from engine.rewards.grue import PYROUGE_ONLY_ARGS
 
 log = logging.getLogger("engine.rl4lms")
 
@@ -115,16 +116,7 @@ CHANGED_ARGS: dict[str, dict[str, str]] = {
     # ignores them, so say so here).
     "reward:rouge_l_max": {
         k: "py-rouge option; ROUGE-L-max here is rouge-score's ROUGE-L F (stemming kept)"
-        for k in (
-            "max_n",
-            "limit_length",
-            "length_limit",
-            "length_limit_type",
-            "apply_avg",
-            "apply_best",
-            "alpha",
-            "weight_factor",
-        )
+        for k in sorted(PYROUGE_ONLY_ARGS)
     },
 }
 

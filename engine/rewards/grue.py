@@ -110,7 +110,7 @@ rewards.register("rouge_combined")(RougeCombined)
 
 
 # py-rouge options RL4LMs passes to its ROUGE-L-max reward; rouge-score has no equivalent for them.
-_PYROUGE_ONLY = {
+PYROUGE_ONLY_ARGS = {
     "max_n",
     "limit_length",
     "length_limit",
@@ -125,7 +125,7 @@ _PYROUGE_ONLY = {
 @rewards.register("rouge_l_max")
 def rouge_l_max_reward(stemming: bool = True, **rl4lms_args: Any) -> MetricReward:
     """ROUGE-L F max over references (NarrativeQA); RL4LMs's py-rouge-only options are accepted and ignored."""
-    unknown = set(rl4lms_args) - _PYROUGE_ONLY
+    unknown = set(rl4lms_args) - PYROUGE_ONLY_ARGS
     if unknown:
         raise TypeError(f"unexpected arguments {sorted(unknown)}")
     return MetricReward("rouge_l_max", metric_args={"use_stemmer": stemming})

@@ -13,10 +13,10 @@ from webapp.runs.forms import (
     RunConfigForm,
     default_config,
     field_for_path,
-    flatten,
     form_data_from_config,
     schema_fields,
 )
+from webapp.runs.queries import flatten
 
 
 def _schema_leaves(schema: dict[str, Any]) -> set[str]:

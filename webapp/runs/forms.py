@@ -20,6 +20,7 @@ from django import forms
 from django.conf import settings
 
 from engine.config import ConfigError, RunConfig, json_schema, parse_config
+from webapp.runs import queries
 
 SEP = "__"
 
@@ -145,18 +146,6 @@ def _schema_fields(schema: dict[str, Any]) -> list[FieldSpec]:
 
 
 # ---------------------------------------------------------------- nested dict helpers
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``; lists stay leaves (used by config diffs too)."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, path))
-        else:
-            out[path] = value
-    return out
 
 
 def get_path(data: dict[str, Any], path: str, default: Any = None) -> Any:
@@ -535,7 +524,7 @@ def unknown_keys(config: dict[str, Any]) -> list[str]:
     known = {spec.path for spec in schema_fields()}
     prefixes = {".".join(p.split(".")[:i]) for p in known for i in range(1, p.count(".") + 1)}
     out = []
-    for path in flatten(config):
+    for path in queries.flatten(config):
         if path in known or any(path.startswith(k + ".") for k in known):
             continue
         if path in prefixes:

@@ -426,6 +426,7 @@ def metrics_json_text(run_ids: Iterable[int], keys: Iterable[str] | None = None)
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``; lists stay leaves (config diffs, form field paths)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         path = f"{prefix}.{k}" if prefix else str(k)
