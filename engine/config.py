@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from engine import yamlio
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; ``errors`` holds ``(field path, message)`` pairs."""
@@ -313,7 +315,7 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.n_iters=20")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = yamlio.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
         out.append((key.strip(), value))
@@ -327,7 +329,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {p}")
     text = p.read_text()
     try:
-        data = yaml.safe_load(text) if p.suffix != ".json" else json.loads(text)
+        yamlio.check_size(text)
+        data = yamlio.safe_load(text) if p.suffix != ".json" else json.loads(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

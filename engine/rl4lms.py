@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from engine import yamlio
 from engine.config import ConfigError
 from engine.rewards.grue import PYROUGE_ONLY_ARGS
 
@@ -625,7 +626,7 @@ def model_map_from_env() -> dict[str, str]:
     p = Path(raw).expanduser()
     if "=" not in raw and p.exists():
         try:
-            data = yaml.safe_load(p.read_text())
+            data = yamlio.safe_load(p.read_text())
         except yaml.YAMLError as exc:
             raise ConfigError(f"{MODEL_MAP_ENV}={raw}: bad YAML: {exc}") from None
         if not isinstance(data, dict):

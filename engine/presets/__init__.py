@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from engine import yamlio
 from engine.config import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent / "tasks"
@@ -129,7 +130,7 @@ def _task_files() -> dict[str, dict[str, Any]]:
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(PRESET_DIR.glob("*.yaml")):
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yamlio.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark else ""

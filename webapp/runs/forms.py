@@ -19,6 +19,7 @@ import yaml
 from django import forms
 from django.conf import settings
 
+from engine import yamlio
 from engine.config import ConfigError, RunConfig, json_schema, parse_config
 from webapp.runs import queries
 
@@ -176,7 +177,7 @@ def dump_yaml(data: Any) -> str:
 def load_yaml_text(text: str, what: str = "YAML") -> Any:
     """Parse YAML typed into a textarea; a syntax error names the line."""
     try:
-        return yaml.safe_load(text) if text.strip() else None
+        return yamlio.safe_load(text) if text.strip() else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
