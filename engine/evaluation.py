@@ -8,13 +8,31 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.config import RunConfig
-from engine.rollout import SamplingSpec, decode_generations, generate, tokenize_prompts
+from engine.rollout import (
+    SamplingSpec,
+    decode_generations,
+    generate,
+    prompt_padding_side,
+    tokenize_prompts,
+)
+
+
+@dataclass
+class PolicyContext:
+    """The evaluated policy, for metrics that score the model itself rather than its generations
+    (RL4LMs's perplexity: the policy's perplexity on the reference texts)."""
+
+    lm: Any
+    is_seq2seq: bool
+    tokenizer: Any
+    device: Any
 
 
 def _metrics_api() -> tuple[Any, Any] | None:
@@ -36,17 +54,32 @@ def generate_texts(
     device: Any,
     autocast_dtype: torch.dtype | None,
     seed: int = 0,
-    decoder_start_id: int | None = None,
+    decoder_start_id: int | list[int] | None = None,
+    masking_lm: Any | None = None,
+    nlpo: Any | None = None,
 ) -> list[str]:
-    """Decode prompts in batches; beam search goes through HF ``generate``, the rest through our cached loop."""
+    """Decode prompts in batches; beam search goes through HF ``generate``, the rest through our cached loop.
+
+    With ``masking_lm`` and ``nlpo`` (an NLPOConfig) the generation is NLPO's masked one, as RL4LMs
+    evaluates an NLPO policy; beam search cannot apply the mask and is then refused.
+    """
     out: list[str] = []
     gen = torch.Generator(device=device).manual_seed(seed)
-    spec = SamplingSpec.from_config(gen_cfg, tokenizer.eos_token_id)
+    masked = masking_lm is not None and nlpo is not None
+    spec = SamplingSpec.from_config(
+        gen_cfg, tokenizer.eos_token_id, nlpo if masked else None, special_ids=tokenizer.all_special_ids
+    )
+    if masked and gen_cfg.num_beams > 1:
+        raise ValueError(
+            "eval.generation.num_beams > 1 cannot apply NLPO's action mask: use num_beams 1, or set "
+            "algorithm.nlpo.masked_eval: false to evaluate the unmasked policy with beam search"
+        )
+    side = prompt_padding_side(is_seq2seq)
     was_training = lm.training
     lm.eval()
     for start in range(0, len(prompts), gen_cfg.batch_size):
         chunk = prompts[start : start + gen_cfg.batch_size]
-        ids, mask = tokenize_prompts(tokenizer, chunk, max_prompt_length, device)
+        ids, mask = tokenize_prompts(tokenizer, chunk, max_prompt_length, device, side)
         if gen_cfg.num_beams > 1:
             with torch.autocast(
                 device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
@@ -72,6 +105,7 @@ def generate_texts(
             spec,
             tokenizer.pad_token_id,
             decoder_start_id,
+            masking_lm=masking_lm if masked else None,
             generator=gen,
             autocast_dtype=autocast_dtype,
             record_support=False,
@@ -86,8 +120,12 @@ def score_generations(
     generations: list[str],
     reward_fn: Any | None,
     metric_components: list[Any],
+    policy: PolicyContext | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Corpus metrics (reward mean/std + configured metrics) and per-sample rows for the sink."""
+    """Corpus metrics (reward mean/std + configured metrics) and per-sample rows for the sink.
+
+    ``policy`` is handed to metrics that score the evaluated model itself (``bind_policy``).
+    """
     prompts = [s.prompt for s in samples]
     refs = [list(s.references) for s in samples]
     meta = [dict(s.meta) for s in samples]
@@ -104,6 +142,10 @@ def score_generations(
         if api is not None:
             build_metrics, compute_all = api
             objs = build_metrics(metric_components)
+            if policy is not None:
+                for obj in objs:
+                    if hasattr(obj, "bind_policy"):
+                        obj.bind_policy(policy.lm, policy.is_seq2seq, policy.tokenizer, policy.device)
             c, ps = compute_all(objs, prompts, generations, refs, meta)
             corpus.update({k: float(v) for k, v in c.items()})
             per_sample.update(ps)
@@ -141,6 +183,7 @@ def evaluate(
         resolve_device,
         resolve_model_path,
     )
+    from engine.models.policy import decoder_start_of
     from engine.trainer import build_reward_fn, load_split
 
     cfg = config
@@ -159,6 +202,7 @@ def evaluate(
         cfg.tokenizer.padding_side,
         cfg.tokenizer.truncation_side,
         cfg.tokenizer.pad_token_as_eos_token,
+        kind=kind,
     )
     device = resolve_device(cfg.model.device)
     amp = autocast_dtype(cfg.model.mixed_precision, device)
@@ -166,9 +210,13 @@ def evaluate(
     samples = load_split(cfg, split)
     if max_samples is not None:
         samples = samples[:max_samples]
-    start = getattr(lm.config, "decoder_start_token_id", None)
-    if start is None:
-        start = getattr(lm.config, "pad_token_id", None)
+    start = decoder_start_of(lm, kind == "seq2seq")
+    # An NLPO config is evaluated through the masked generation, as RL4LMs does; the model on disk
+    # is the last policy, so it is its own masking policy here (during training: the current mask).
+    from engine.registry import algorithms
+
+    algo_cls = algorithms.get(cfg.algorithm.id) if cfg.algorithm.id in algorithms else None
+    masked = bool(getattr(algo_cls, "uses_masking_policy", False)) and cfg.algorithm.nlpo.masked_eval
     gens = generate_texts(
         lm,
         kind == "seq2seq",
@@ -180,9 +228,17 @@ def evaluate(
         amp,
         seed=cfg.train.seed,
         decoder_start_id=start,
+        masking_lm=lm if masked else None,
+        nlpo=cfg.algorithm.nlpo if masked else None,
     )
     reward_fn = build_reward_fn(cfg) if with_reward else None
-    corpus, rows = score_generations(samples, gens, reward_fn, list(cfg.eval.metrics))
+    corpus, rows = score_generations(
+        samples,
+        gens,
+        reward_fn,
+        list(cfg.eval.metrics),
+        policy=PolicyContext(lm, kind == "seq2seq", tok, device),
+    )
     result = eval_results(split, model_path or cfg.model.name_or_path, corpus, rows)
     if sink is not None:
         sink.metrics(0, {f"eval/{k}": v for k, v in corpus.items()})

@@ -90,26 +90,31 @@ UNAVAILABLE_METRICS: dict[str, str] = {
     "summaCConv": "SummaC needs model downloads; not available",
 }
 
+#: HF ``generate``'s default ``top_k`` (GenerationConfig), which RL4LMs's sampling uses when its
+#: generation kwargs do not set one.
+HF_DEFAULT_TOP_K = 50
+
 ALGORITHM_IDS: dict[str, str] = {"ppo": "ppo", "nlpo": "nlpo", "supervised": "sft"}
 
 # RL4LMs argument names -> ours, per "<kind>:<our id>". Everything else passes through if the
 # registered factory accepts it (checked by signature) and is reported otherwise.
 ARG_RENAMES: dict[str, dict[str, str]] = {
-    "metric:perplexity": {"tokenizer_id": "model"},
     "metric:rouge_l_max": {"stemming": "use_stemmer"},
     "metric:sentiment": {"model_name": "model_path", "label_ix": "label_index"},
 }
 
 # Arguments that only steer RL4LMs internals (batching, striding) and do not change results here.
 IGNORED_ARGS: dict[str, set[str]] = {
-    "metric:perplexity": {"stride", "model_type"},
+    "metric:perplexity": {"model_type"},
     "metric:sentiment": {"batch_size"},
 }
 
 # Arguments whose RL4LMs meaning we deliberately do not reproduce: dropped with this note.
 CHANGED_ARGS: dict[str, dict[str, str]] = {
     "metric:perplexity": {
-        "use_text_from_meta_data": "perplexity is always computed on the generations (RL4LMs scored references)"
+        "use_text_from_meta_data": "the policy's perplexity is computed on the task's references "
+        "(RL4LMs can read meta_data['reference'] instead)",
+        "tokenizer_id": "the references are tokenized with the policy's own tokenizer",
     },
     "metric:bertscore": {"language": "BERTScore uses the encoder in args.model (default: offline MiniLM)"},
     "reward:bert_score": {"language": "BERTScore uses the encoder in args.model (default: offline MiniLM)"},
@@ -378,13 +383,25 @@ class _Converter:
         if min_len is not None:
             cap = gen.get("max_new_tokens", default_new or 20)
             gen["min_new_tokens"] = min(min_len, cap)
+        if gen.get("do_sample") and gen.get("top_k") is None:
+            # RL4LMs samples through HF generate, whose default top_k is 50 (GPT-2 and most configs);
+            # top_k: null there also means that default. Our own default is 0 (off), so say it here.
+            gen["top_k"] = HF_DEFAULT_TOP_K
         if gen.get("top_k") is None:
             gen.pop("top_k", None)
+        temperature = gen.get("temperature")
+        if temperature is not None and float(temperature) != 1.0:
+            self.note(
+                f"{where}.temperature",
+                "the KL penalty compares policy and reference at the sampling temperature "
+                "(RL4LMs: at temperature 1)",
+            )
         return gen
 
     def _alg(self, alg: dict[str, Any], our_alg: str, episode: int) -> None:
         algo = self.section("algorithm")
         algo["id"] = our_alg
+        algo["clip_range_value"] = None  # SB3/RL4LMs default clip_range_vf: no value clipping
         train = self.section("train")
         args = dict(alg.get("args") or {})
         for key, raw in args.items():

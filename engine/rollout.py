@@ -6,6 +6,15 @@ min length) is known exactly. Its support is stored and re-applied when scoring 
 the PPO ratio compares the same distributions that produced the samples. After generation, one
 teacher-forced forward pass per model scores every generated token at once (policy log-probs and
 values, reference log-probs) -- never one forward per token.
+
+Two distributions per step, on purpose: the *sampled* one (restricted to the support, renormalised)
+gives the PPO ratio; the *full-vocabulary* one at the sampling temperature gives the KL penalty and
+the entropy statistic, for policy and reference alike, so that cutting the support (top-k, top-p, the
+NLPO mask) never hides how far the policy moved from the reference.
+
+Prompts of causal models are left padded (generation continues after the last prompt token);
+prompts of encoder-decoder models are right padded (BART's learned absolute positions ignore the
+attention mask, so left padding would shift every position of a short prompt).
 """
 
 from __future__ import annotations
@@ -15,7 +24,18 @@ from typing import Any
 
 import torch
 
-from engine.models.policy import ActorCritic, EosBan, _accepts, lm_forward, processed_logprobs
+from engine.kl import kl_estimate
+from engine.models.policy import (
+    ActorCritic,
+    EosBan,
+    _accepts,
+    decoder_prefix,
+    entropy_from_logprobs,
+    full_logprobs,
+    kl_from_logprobs,
+    lm_forward,
+    restrict_logprobs,
+)
 
 
 @dataclass
@@ -31,9 +51,14 @@ class SamplingSpec:
     eos_id: int | None = None
     mask_top_p: float | None = None  # NLPO: keep this top-p mass of the masking policy
     mask_min_tokens: int = 1
+    #: NLPO: tokens never masked (the tokenizer's special tokens, EOS included, as RL4LMs), so an
+    #: episode can always end.
+    mask_keep_ids: tuple[int, ...] = ()
 
     @classmethod
-    def from_config(cls, gen: Any, eos_id: int | None, nlpo: Any | None = None) -> SamplingSpec:
+    def from_config(
+        cls, gen: Any, eos_id: int | None, nlpo: Any | None = None, special_ids: Any = ()
+    ) -> SamplingSpec:
         return cls(
             do_sample=gen.do_sample,
             temperature=gen.temperature,
@@ -44,6 +69,7 @@ class SamplingSpec:
             eos_id=eos_id,
             mask_top_p=nlpo.top_mask if nlpo is not None else None,
             mask_min_tokens=nlpo.min_tokens_to_keep if nlpo is not None else 1,
+            mask_keep_ids=tuple(sorted({int(i) for i in special_ids})) if nlpo is not None else (),
         )
 
     def needs_full_support(self, with_mask: bool) -> bool:
@@ -70,6 +96,8 @@ def process_step(
     x = logits.float()
     if mask_logits is not None and spec.mask_top_p is not None:
         keep = top_p_keep(mask_logits.float(), spec.mask_top_p, spec.mask_min_tokens)
+        if spec.mask_keep_ids:
+            keep[:, list(spec.mask_keep_ids)] = True
         x = x.masked_fill(~keep, float("-inf"))
     if step < spec.min_new_tokens and spec.eos_id is not None:
         x[:, spec.eos_id] = float("-inf")
@@ -103,8 +131,9 @@ class _IncrementalLM:
         self.mask = prompt_mask
         if is_seq2seq:
             self.encoder_outputs = lm.get_encoder()(input_ids=prompt_ids, attention_mask=prompt_mask)
-            start = torch.full(
-                (prompt_ids.shape[0], 1), start_id, dtype=prompt_ids.dtype, device=prompt_ids.device
+            prefix = decoder_prefix(start_id)  # start token (+ forced BOS): given, not chosen
+            start = torch.tensor(prefix, dtype=prompt_ids.dtype, device=prompt_ids.device).expand(
+                prompt_ids.shape[0], -1
             )
             out = lm(
                 encoder_outputs=self.encoder_outputs,
@@ -231,6 +260,12 @@ class RolloutBatch:
     ref_logprobs: torch.Tensor
     values: torch.Tensor
     sample_logprobs: torch.Tensor
+    #: (B, T) policy log-prob of each token under the full-vocabulary tempered distribution
+    kl_logprobs: torch.Tensor | None = None
+    #: (B, T) per-token KL estimate the penalty uses (``kl.estimator``), 0 after the episode
+    kl: torch.Tensor | None = None
+    #: (B, T) entropy of the policy's full-vocabulary tempered distribution
+    entropy: torch.Tensor | None = None
     prompts: list[str] = field(default_factory=list)
     generations: list[str] = field(default_factory=list)
     references: list[list[str]] = field(default_factory=list)
@@ -251,12 +286,27 @@ class RolloutBatch:
         return self.gen_ids.shape[0]
 
 
+def prompt_padding_side(is_seq2seq: bool) -> str:
+    """Causal prompts are left padded (generation follows the last prompt token); encoder prompts
+    right padded (absolute learned positions, as BART's, ignore the attention mask)."""
+    return "right" if is_seq2seq else "left"
+
+
 def tokenize_prompts(
-    tokenizer: Any, prompts: list[str], max_length: int, device
+    tokenizer: Any, prompts: list[str], max_length: int, device, padding_side: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded (per tokenizer settings), truncated prompts; an empty prompt becomes one BOS/EOS token."""
+    """Padded, truncated prompts; an empty prompt becomes one BOS/EOS token.
+
+    ``padding_side`` overrides the tokenizer's (see :func:`prompt_padding_side`); None keeps it.
+    """
     fixed = [p if p else (tokenizer.bos_token or tokenizer.eos_token or "") for p in prompts]
-    enc = tokenizer(fixed, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    saved = tokenizer.padding_side
+    if padding_side is not None:
+        tokenizer.padding_side = padding_side
+    try:
+        enc = tokenizer(fixed, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    finally:
+        tokenizer.padding_side = saved
     ids, mask = enc["input_ids"], enc["attention_mask"]
     if ids.shape[1] == 0:
         raise ValueError("prompts tokenized to nothing and the tokenizer has no BOS/EOS token")
@@ -278,6 +328,18 @@ def cat_padded(parts: list[torch.Tensor], value: Any, left: bool) -> torch.Tenso
     return torch.cat([_pad_to(p, length, value, left) for p in parts], dim=0)
 
 
+@dataclass
+class Scored:
+    """What the scoring pass returns for a batch of episodes; every (B, T) tensor is 0 after the episode."""
+
+    logprobs: torch.Tensor  # sampled (support-restricted) distribution: the PPO ratio's
+    ref_logprobs: torch.Tensor  # reference, full vocabulary at the sampling temperature
+    values: torch.Tensor
+    kl_logprobs: torch.Tensor  # policy, full vocabulary at the sampling temperature
+    kl: torch.Tensor  # per-token KL estimate of the penalty
+    entropy: torch.Tensor  # entropy of the policy's full tempered distribution
+
+
 @torch.no_grad()
 def score(
     policy: ActorCritic,
@@ -286,33 +348,64 @@ def score(
     support: torch.Tensor | EosBan | None,
     temperature: float,
     autocast_dtype: torch.dtype | None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """One forward per model over all generated tokens: (policy log-probs, reference log-probs, values)."""
+    kl_estimator: str = "k1",
+) -> Scored:
+    """One forward per model over all generated tokens.
+
+    At most two (B, T, V) tensors live at once: the policy's full log-probs and, for the ``full``
+    estimator only, the reference's.
+    """
     device = inputs["gen_ids"].device
+    ids = inputs["gen_ids"]
     with torch.autocast(
         device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
     ):
         logits, values = policy.forward_tokens(inputs, want_values=True)
-        logp = gather_logprobs(processed_logprobs(logits, temperature, support), inputs["gen_ids"])
-        del logits
-        ref_logp = None
-        if ref_lm is not None:
+    full = full_logprobs(logits, temperature)
+    del logits
+    kl_lp = gather_logprobs(full, ids)
+    logp = kl_lp if support is None else gather_logprobs(restrict_logprobs(full, support), ids)
+    entropy = entropy_from_logprobs(full)
+    if kl_estimator != "full":
+        del full
+    kl = None
+    if ref_lm is not None:
+        with torch.autocast(
+            device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+        ):
             r_logits, _ = lm_forward(
                 ref_lm,
                 policy.is_seq2seq,
                 inputs["prompt_ids"],
                 inputs["prompt_mask"],
-                inputs["gen_ids"],
+                ids,
                 inputs["gen_mask"],
                 policy.decoder_start_id,
                 want_hidden=False,
             )
-            ref_logp = gather_logprobs(processed_logprobs(r_logits, temperature, support), inputs["gen_ids"])
+        r_full = full_logprobs(r_logits, temperature)
+        del r_logits
+        ref_lp = gather_logprobs(r_full, ids)
+        if kl_estimator == "full":
+            kl = kl_from_logprobs(full, r_full)
+            del full
+        del r_full
+    else:  # no reference (tests, zero-shot): no penalty
+        ref_lp = kl_lp.clone()
+        kl = torch.zeros_like(kl_lp)
+        if kl_estimator == "full":
+            del full
+    if kl is None:
+        kl = kl_estimate(kl_lp, ref_lp, kl_estimator)
     mask = inputs["gen_mask"]
-    logp = logp * mask
-    if ref_logp is not None:
-        ref_logp = ref_logp * mask
-    return logp, ref_logp, values.float() * mask
+    return Scored(
+        logprobs=logp * mask,
+        ref_logprobs=ref_lp * mask,
+        values=values.float() * mask,
+        kl_logprobs=kl_lp * mask,
+        kl=kl * mask,
+        entropy=entropy * mask,
+    )
 
 
 def collect(
@@ -328,12 +421,15 @@ def collect(
     masking_lm: Any | None = None,
     autocast_dtype: torch.dtype | None = None,
     timings: dict[str, float] | None = None,
+    kl_estimator: str = "k1",
 ) -> RolloutBatch:
     """Generate and score episodes for ``samples`` in chunks of ``batch_size`` prompts."""
     import time
 
     pad_id = tokenizer.pad_token_id
-    parts: dict[str, list] = {k: [] for k in ("pi", "pm", "gi", "gm", "sup", "lp", "rlp", "v", "slp")}
+    keys = ("pi", "pm", "gi", "gm", "sup", "lp", "rlp", "v", "slp", "klp", "kl", "ent")
+    parts: dict[str, list] = {k: [] for k in keys}
+    side = prompt_padding_side(policy.is_seq2seq)
     timings = timings if timings is not None else {}
     timings.setdefault("generate", 0.0)
     timings.setdefault("score", 0.0)
@@ -342,7 +438,7 @@ def collect(
     for start in range(0, len(samples), batch_size):
         chunk = samples[start : start + batch_size]
         t0 = time.perf_counter()
-        pi, pm = tokenize_prompts(tokenizer, [s.prompt for s in chunk], max_prompt_length, device)
+        pi, pm = tokenize_prompts(tokenizer, [s.prompt for s in chunk], max_prompt_length, device, side)
         g = generate(
             policy.lm,
             policy.is_seq2seq,
@@ -357,15 +453,15 @@ def collect(
         )
         t1 = time.perf_counter()
         inputs = {"prompt_ids": pi, "prompt_mask": pm, "gen_ids": g.gen_ids, "gen_mask": g.gen_mask}
-        lp, rlp, v = score(policy, ref_lm, inputs, g.support, spec.temperature, autocast_dtype)
+        sc = score(policy, ref_lm, inputs, g.support, spec.temperature, autocast_dtype, kl_estimator)
         timings["generate"] += t1 - t0
         timings["score"] += time.perf_counter() - t1
         for k, t in zip(
-            ("pi", "pm", "gi", "gm", "lp", "v", "slp"),
-            (pi, pm, g.gen_ids, g.gen_mask, lp, v, g.sample_logprobs),
+            ("pi", "pm", "gi", "gm", "lp", "rlp", "v", "slp", "klp", "kl", "ent"),
+            (pi, pm, g.gen_ids, g.gen_mask, sc.logprobs, sc.ref_logprobs, sc.values, g.sample_logprobs)
+            + (sc.kl_logprobs, sc.kl, sc.entropy),
         ):
             parts[k].append(t)
-        parts["rlp"].append(rlp if rlp is not None else lp.clone())
         parts["sup"].append(g.support)
     policy.train(was_training)
     support = parts["sup"][0]  # same spec for every chunk: all tensors, all the same EosBan, or all None
@@ -383,9 +479,10 @@ def collect(
     gen_ids = cat_padded(parts["gi"], pad_id, left=False)
     gen_mask = cat_padded(parts["gm"], 0.0, left=False)
     texts = decode_generations(tokenizer, gen_ids, gen_mask)
+    # prompts of one batch share the padding side of their chunks (left: causal, right: encoder)
     return RolloutBatch(
-        prompt_ids=cat_padded(parts["pi"], pad_id, left=True),
-        prompt_mask=cat_padded(parts["pm"], 0, left=True),
+        prompt_ids=cat_padded(parts["pi"], pad_id, left=side == "left"),
+        prompt_mask=cat_padded(parts["pm"], 0, left=side == "left"),
         gen_ids=gen_ids,
         gen_mask=gen_mask,
         support=support,
@@ -393,6 +490,9 @@ def collect(
         ref_logprobs=cat_padded(parts["rlp"], 0.0, left=False),
         values=cat_padded(parts["v"], 0.0, left=False),
         sample_logprobs=cat_padded(parts["slp"], 0.0, left=False),
+        kl_logprobs=cat_padded(parts["klp"], 0.0, left=False),
+        kl=cat_padded(parts["kl"], 0.0, left=False),
+        entropy=cat_padded(parts["ent"], 0.0, left=False),
         prompts=[s.prompt for s in samples],
         generations=texts,
         references=[list(s.references) for s in samples],

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from engine.algorithms.base import Algorithm
-from engine.models.policy import entropy_from_logprobs, processed_logprobs
+from engine.models.policy import entropy_from_logprobs, full_logprobs, restrict_logprobs
 from engine.registry import algorithms
 from engine.rollout import gather_logprobs
 
@@ -66,9 +66,20 @@ def kl_shaped_rewards(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token rewards -beta*(log pi - log pi_ref) plus the task reward on each episode's last token.
 
-    Returns (rewards (B, T), per-token KL estimate (B, T)).
+    The k1 estimator on given log-probs; the trainer passes its chosen estimate to
+    :func:`kl_penalty_rewards`. Returns (rewards (B, T), per-token KL estimate (B, T)).
     """
-    kl = (logprobs - ref_logprobs) * mask
+    return kl_penalty_rewards(task_rewards, logprobs - ref_logprobs, mask, beta)
+
+
+def kl_penalty_rewards(
+    task_rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards -beta*KL_t plus the task reward on each episode's last token (RL4LMs's shaping).
+
+    Returns (rewards (B, T), the masked per-token KL (B, T)).
+    """
+    kl = kl * mask
     rewards = -beta * kl
     lengths = mask.sum(1).long()
     last = (lengths - 1).clamp(min=0)
@@ -128,10 +139,11 @@ def _trim(batch: Any, idx: torch.Tensor) -> tuple[dict[str, torch.Tensor], slice
     inputs = batch.model_inputs(idx)
     t_max = max(1, int(inputs["gen_mask"].sum(1).max().item()))
     pm = inputs["prompt_mask"]
-    first = int((pm.sum(0) > 0).float().argmax().item())
+    used = (pm.sum(0) > 0).nonzero().flatten()  # causal prompts are left padded, encoder prompts right
+    first, last = (int(used.min()), int(used.max()) + 1) if used.numel() else (0, pm.shape[1])
     inputs = {
-        "prompt_ids": inputs["prompt_ids"][:, first:],
-        "prompt_mask": pm[:, first:],
+        "prompt_ids": inputs["prompt_ids"][:, first:last],
+        "prompt_mask": pm[:, first:last],
         "gen_ids": inputs["gen_ids"][:, :t_max],
         "gen_mask": inputs["gen_mask"][:, :t_max],
     }
@@ -161,16 +173,18 @@ class PPO(Algorithm):
             device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
         ):
             logits, values = policy.forward_tokens(inputs, want_values=True)
-        logp_all = processed_logprobs(logits, temperature, support)
+        # The ratio uses the distribution sampled from (restricted to the stored support); the entropy
+        # is the full tempered distribution's, the same one the KL penalty is computed on.
+        full = full_logprobs(logits, temperature)
         del logits
-        new_lp = gather_logprobs(logp_all, inputs["gen_ids"])
+        new_lp = gather_logprobs(restrict_logprobs(full, support), inputs["gen_ids"])
         mask = inputs["gen_mask"]
         if cfg.ent_coef > 0:
-            entropy = masked_mean(entropy_from_logprobs(logp_all), mask)
+            entropy = masked_mean(entropy_from_logprobs(full), mask)
         else:  # only a statistic: no graph through the (B, T, V) entropy terms
             with torch.no_grad():
-                entropy = masked_mean(entropy_from_logprobs(logp_all.detach()), mask)
-        del logp_all
+                entropy = masked_mean(entropy_from_logprobs(full.detach()), mask)
+        del full
         old_lp = batch.logprobs[idx][:, tsl]
         adv = advantages[idx][:, tsl]
         pg_loss, pg_stats = clipped_policy_loss(new_lp, old_lp, adv, mask, cfg.clip_range)
@@ -227,6 +241,11 @@ class PPO(Algorithm):
                     loss, stats = self.minibatch_loss(
                         policy, batch, idx, advantages, returns, temperature, autocast_dtype
                     )
+                    # As SB3: the minibatch that triggers the early stop counts in the statistics
+                    # (its approx_kl is the reason for stopping), but it is not applied.
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + float(v)
+                    counts += 1
                     if cfg.target_kl is not None and float(stats["policy/approx_kl"]) > 1.5 * cfg.target_kl:
                         stop = True
                         break
@@ -235,9 +254,6 @@ class PPO(Algorithm):
                         scaler.scale(scaled).backward()
                     else:
                         scaled.backward()
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + float(v)
-                    counts += 1
                 if stop:
                     optimizer.zero_grad(set_to_none=True)
                     early = True

@@ -132,10 +132,26 @@ def load_lm(path: str, kind: str, revision: str | None = None) -> Any:
 
 
 def load_tokenizer(
-    path: str, padding_side: str = "left", truncation_side: str = "left", pad_as_eos: bool = True
+    path: str,
+    padding_side: str = "left",
+    truncation_side: str = "left",
+    pad_as_eos: bool = True,
+    kind: str | None = None,
 ):
+    """Load a tokenizer with the run's padding settings.
+
+    ``kind`` (``causal`` / ``seq2seq``) checks the padding side against the model family: causal
+    prompts must be left padded (right padding is rejected, naming the field); encoder-decoder
+    prompts are right padded whatever ``padding_side`` says (see ``engine.rollout.prompt_padding_side``).
+    """
     from transformers import AutoTokenizer
 
+    from engine.config import RIGHT_PADDING_CAUSAL
+
+    if kind == "causal" and padding_side == "right":
+        raise ValueError(RIGHT_PADDING_CAUSAL)
+    if kind == "seq2seq":
+        padding_side = "right"
     _quiet_transformers()
     try:
         tok = AutoTokenizer.from_pretrained(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,39 @@ class ValueHead(nn.Module):
         return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
 
 
+def decoder_prefix(decoder_start_id: int | Sequence[int] | None) -> list[int]:
+    """The decoder tokens every episode starts from: the start token, then a forced BOS if the model has one."""
+    if decoder_start_id is None:
+        raise ValueError("encoder-decoder model without decoder_start_token_id or pad_token_id in its config")
+    if isinstance(decoder_start_id, int):
+        return [decoder_start_id]
+    return [int(t) for t in decoder_start_id]
+
+
+def forced_bos_of(lm: Any) -> int | None:
+    """``forced_bos_token_id`` (BART/mBART): the first decoder token is forced, so it is no action.
+
+    transformers 5 keeps it on the generation config; older checkpoints on the model config.
+    """
+    for cfg in (getattr(lm, "generation_config", None), getattr(lm, "config", None)):
+        value = getattr(cfg, "forced_bos_token_id", None) if cfg is not None else None
+        if value is not None:
+            return int(value)
+    return None
+
+
+def decoder_start_of(lm: Any, is_seq2seq: bool) -> int | list[int] | None:
+    """What generation and scoring feed the decoder first: the start token, or [start, forced BOS]."""
+    cfg = lm.config
+    start = getattr(cfg, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(cfg, "pad_token_id", None)
+    forced = forced_bos_of(lm) if is_seq2seq else None
+    if forced is None or start is None:
+        return start
+    return [int(start), forced]
+
+
 def lm_forward(
     lm: Any,
     is_seq2seq: bool,
@@ -47,19 +81,20 @@ def lm_forward(
     prompt_mask: torch.Tensor,
     gen_ids: torch.Tensor,
     gen_mask: torch.Tensor,
-    decoder_start_id: int | None,
+    decoder_start_id: int | Sequence[int] | None,
     want_hidden: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One teacher-forced pass over prompt+generation: logits (and last hidden) for every generated token.
 
     Row t of the result is the distribution that chose ``gen_ids[:, t]``. Causal inputs are left
-    padded; position ids come from the attention mask so padding never shifts positions.
+    padded; position ids come from the attention mask so padding never shifts positions. Encoder
+    inputs are right padded (absolute learned positions, as BART's, ignore the attention mask), and
+    the decoder starts from :func:`decoder_prefix` (start token, plus a forced BOS where the model has one).
     """
     t_len = gen_ids.shape[1]
     if is_seq2seq:
-        start = torch.full(
-            (gen_ids.shape[0], 1), decoder_start_id, dtype=gen_ids.dtype, device=gen_ids.device
-        )
+        prefix = decoder_prefix(decoder_start_id)
+        start = torch.tensor(prefix, dtype=gen_ids.dtype, device=gen_ids.device).expand(gen_ids.shape[0], -1)
         dec_in = torch.cat([start, gen_ids[:, :-1]], dim=1)
         dec_mask = torch.cat([torch.ones_like(start), gen_mask[:, :-1].to(start.dtype)], dim=1)
         out = lm(
@@ -70,8 +105,9 @@ def lm_forward(
             output_hidden_states=want_hidden,
             use_cache=False,
         )
-        hidden = out.decoder_hidden_states[-1] if want_hidden else None
-        return out.logits, hidden
+        skip = len(prefix) - 1  # rows of the forced prefix tokens choose nothing
+        hidden = out.decoder_hidden_states[-1][:, skip:] if want_hidden else None
+        return out.logits[:, skip:], hidden
     p_len = prompt_ids.shape[1]
     ids = torch.cat([prompt_ids, gen_ids], dim=1)
     mask = torch.cat([prompt_mask, gen_mask.to(prompt_mask.dtype)], dim=1)
@@ -119,11 +155,8 @@ class ActorCritic(nn.Module):
         else:
             self.critic = None
         self.value_head = ValueHead(hidden_size_of(self.critic if self.critic is not None else lm))
-        cfg = lm.config
-        start = getattr(cfg, "decoder_start_token_id", None)
-        if start is None:
-            start = getattr(cfg, "pad_token_id", None)
-        self.decoder_start_id = start
+        #: The decoder prefix: an int (start token), or [start, forced BOS] for BART-like models.
+        self.decoder_start_id = decoder_start_of(lm, is_seq2seq)
 
     def forward_tokens(self, batch: dict[str, torch.Tensor], want_values: bool = True):
         """Logits (B, T, V) for the generated tokens and values (B, T) of the states that chose them."""
@@ -195,6 +228,39 @@ def processed_logprobs(
     return torch.log_softmax(x, dim=-1)
 
 
+def full_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs of the whole vocabulary at the sampling temperature, before any top-k/top-p/NLPO cut.
+
+    The KL penalty and the reported entropy use this distribution: a truncated support would drop
+    the reference's mass outside it (with ``top_k: 1`` the KL would be 0 however far the policy moved).
+    """
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    return torch.log_softmax(x, dim=-1)
+
+
+def restrict_logprobs(full: torch.Tensor, support: torch.Tensor | EosBan | None) -> torch.Tensor:
+    """The sampled (renormalised) distribution from full log-probs: log p(a) - log p(support)."""
+    if support is None:
+        return full
+    if isinstance(support, EosBan):
+        n = min(support.steps, full.shape[-2])
+        if n == 0:
+            return full
+        x = full.clone()
+        x[..., :n, support.eos_id] = float("-inf")
+    else:
+        x = full.masked_fill(~support, float("-inf"))
+    return x - torch.logsumexp(x, dim=-1, keepdim=True)
+
+
 def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
     p = logp.exp()
     return -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)
+
+
+def kl_from_logprobs(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Exact KL(pi || pi_ref) per position over the vocabulary (the ``full`` estimator)."""
+    p = logp.exp()
+    return (p * (logp - ref_logp).masked_fill(p == 0, 0.0)).sum(-1)
