@@ -1,4 +1,5 @@
-"""Bulk metric ingestion: COPY into a temp table + INSERT … ON CONFLICT DO NOTHING."""
+"""Bulk metric ingestion (COPY into a temp table + INSERT … ON CONFLICT DO NOTHING, with the min/max
+rollup) and the recorder that stores a run's events in batches from a background thread."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from django.db import connection
 
 from webapp.runs import queries, services
 from webapp.runs.models import MetricPoint, Run
-from webapp.runs.tasks import DbSink
+from webapp.runs.recorder import Recorder
 
 
 @pytest.fixture
@@ -74,13 +75,15 @@ def test_failed_batch_rolls_back_and_retry_creates_no_duplicates(transactional_d
         assert cur.fetchone()[0]
 
 
-def test_db_sink_batches_and_keeps_last_values(run):
-    sink = DbSink(run.pk, batch_points=1000, max_delay=3600, broadcast_enabled=False)
+def test_recorder_batches_and_keeps_last_values(transactional_db):
+    run = Run.objects.create(name="ingest", config={})
+    sink = Recorder(run.pk, batch_points=1000, max_delay=3600, broadcast_enabled=False)
     for step in range(10):
         sink.metrics(step, {"train/reward_mean": step * 1.0, "train/kl": 0.1})
-    assert MetricPoint.objects.filter(run=run).count() == 0  # still buffered
-    sink.progress(10, 10, 0.0)  # any other event flushes first, keeping event order
+    sink.progress(10, 10, 0.0)
+    sink.flush()  # waits until the background thread has stored everything emitted so far
     assert MetricPoint.objects.filter(run=run).count() == 20
+    assert sink.flushes == 1  # under the batch size and the delay: one flush for all of it
     run.refresh_from_db()
     assert run.last_metrics == {"train/reward_mean": 9.0, "train/kl": 0.1}
     assert run.progress == 1.0 and run.current_iter == 10
@@ -89,6 +92,7 @@ def test_db_sink_batches_and_keeps_last_values(run):
         "train",
         [{"prompt": "p", "generation": "g", "references": "r", "reward": 0.3, "metrics": {"m": 1}}],
     )
+    sink.close()
     s = run.samples.get()
     assert s.references == ["r"] and s.metrics == {"m": 1.0} and s.reward == pytest.approx(0.3)
 
@@ -124,18 +128,28 @@ def test_sink_survives_a_dropped_connection_without_duplicates(transactional_db,
     import psycopg
 
     run = Run.objects.create(name="blip", config={})
-    sink = DbSink(run.pk, broadcast_enabled=False)
+    sink = Recorder(run.pk, broadcast_enabled=False)
     sink.metrics(0, {"a": 0.0, "b": 0.0})
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_backend_pid()")
-        pid = cur.fetchone()[0]
+    sink.flush()
+    # The recorder's own backend: the only one with a transaction open on the rollup table since.
     s = connection.settings_dict
     with psycopg.connect(
         host=s["HOST"], port=s["PORT"] or 5432, user=s["USER"], dbname=s["NAME"], autocommit=True
     ) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        pids = [
+            r[0]
+            for r in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
+                "AND pid <> %s AND backend_type = 'client backend'",
+                [s["NAME"], _backend_pid()],
+            ).fetchall()
+        ]
+        assert pids, "the recorder thread holds a connection"
+        for pid in pids:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
     sink.metrics(1, {"a": 1.0, "b": -1.0})  # first try hits the dead connection, the retry stores it
     sink.metrics(1, {"a": 1.0, "b": -1.0})  # a replay of the same batch
+    sink.close()
     assert sorted(MetricPoint.objects.filter(run=run).values_list("key", "step")) == [
         ("a", 0),
         ("a", 1),
@@ -144,3 +158,9 @@ def test_sink_survives_a_dropped_connection_without_duplicates(transactional_db,
     ]
     assert sink.points_stored == 4
     assert "retrying" in caplog.text  # the fault really happened and was retried
+
+
+def _backend_pid() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        return cur.fetchone()[0]

@@ -1,58 +1,47 @@
-"""Sending live messages to a run's Channels group.
+"""Sending one live message to a run's Channels group from synchronous code (views, lifecycle).
 
-Broadcasting is best effort (Channels groups are fire-and-forget): rows are always stored first,
-and a browser that missed a message catches up from its cursor, so a failed send only logs.
+Broadcasting is best effort (Channels groups are fire-and-forget): rows are always stored first, and
+a browser that missed a message catches up from its cursor, so a failed or slow send only logs. Every
+send has a timeout (``GRUE_BROADCAST_TIMEOUT``, default 1 s): a hung Redis cannot hold a request or a
+status change longer than that. The recorder sends its flushes with its own ``Broadcaster`` (one event
+loop and connection per run). Messages are built in ``webapp.runs.protocol``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
+import os
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from webapp.runs.models import group_name
+from webapp.runs.protocol import clean_float, status_message
+
+__all__ = ["DEFAULT_BROADCAST_TIMEOUT_S", "broadcast", "clean_float", "status_message"]
 
 log = logging.getLogger(__name__)
 
-
-def clean_float(v: Any) -> float | None:
-    """JSON has no NaN/Infinity: send them as null (the chart shows a gap)."""
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+DEFAULT_BROADCAST_TIMEOUT_S = float(os.environ.get("GRUE_BROADCAST_TIMEOUT", "1.0"))
 
 
-def broadcast(run_id: int, message: dict[str, Any]) -> bool:
+def broadcast(run_id: int, message: dict[str, Any], *, timeout: float | None = None) -> bool:
     """Send ``message`` to every consumer of the run; returns False (and logs) when it failed."""
     layer = get_channel_layer()
     if layer is None:
         return False
+    limit = DEFAULT_BROADCAST_TIMEOUT_S if timeout is None else timeout
+
+    async def send() -> None:
+        await asyncio.wait_for(
+            layer.group_send(group_name(run_id), {"type": "run.message", "message": message}), limit
+        )
+
     try:
-        async_to_sync(layer.group_send)(group_name(run_id), {"type": "run.message", "message": message})
+        async_to_sync(send)()
         return True
-    except Exception:  # noqa: BLE001 - the data is stored; clients catch up from their cursor
-        log.warning("broadcast to run %s failed", run_id, exc_info=True)
+    except Exception as exc:  # noqa: BLE001 - the data is stored; clients catch up from their cursor
+        log.warning("broadcast to run %s failed (%s: %s)", run_id, type(exc).__name__, exc)
         return False
-
-
-def status_message(run: Any) -> dict[str, Any]:
-    return {
-        "type": "status",
-        "status": run.status,
-        "progress": run.progress,
-        "eta_seconds": clean_float(run.eta_seconds),
-        "current_iter": run.current_iter,
-        "total_iters": run.total_iters,
-        "phase": run.phase,
-        "error": run.error,
-        "cancel_requested": run.cancel_requested,
-        "started_at": run.started_at.isoformat() if run.started_at else None,
-        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
-    }

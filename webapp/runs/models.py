@@ -174,7 +174,39 @@ class RunLog(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="logs")
     line = models.TextField()
     time = models.DateTimeField(auto_now_add=True)
+    # Lines that belong to a step ("iter:12", "eval:12", "ckpt:12") are stored once per run, so a
+    # resumed run that re-executes steps does not repeat them; free lines have no key.
+    key = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["run", "id"], name="runlog_run_id_idx")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "key"], condition=~models.Q(key=""), name="runlog_run_key_uniq"
+            )
+        ]
+
+
+class MetricRollup(models.Model):
+    """Min/max per bucket of steps, maintained at ingest (``webapp.runs.ingest``) so that a chart of a
+    long metric reads ~1,000 rows instead of every point. Level ``l`` buckets are
+    ``ROLLUP_BASE * ROLLUP_FACTOR**l`` steps wide and aligned at multiples of the width."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_rollups")
+    key = models.CharField(max_length=200)
+    level = models.SmallIntegerField()
+    bucket = models.BigIntegerField()
+    n = models.IntegerField()
+    min_value = models.FloatField(null=True)
+    min_step = models.BigIntegerField(null=True)
+    max_value = models.FloatField(null=True)
+    max_step = models.BigIntegerField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "key", "level", "bucket"], name="rollup_run_key_level_bucket_uniq"
+            )
+        ]

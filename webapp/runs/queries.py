@@ -18,8 +18,9 @@ from django.db.models import F, FloatField, Q, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
-from webapp.runs.broadcast import clean_float, status_message
-from webapp.runs.models import MetricPoint, Run, RunLog, RunStatus, Sample
+from webapp.runs.ingest import ROLLUP_LEVELS, rollup_width
+from webapp.runs.models import MetricPoint, MetricRollup, Run, RunLog, RunStatus, Sample
+from webapp.runs.protocol import clean_float, log_line, metric_point, sample_row, status_message
 
 # --------------------------------------------------------------------------- run table
 
@@ -231,7 +232,15 @@ def metric_series(
         pts: list[tuple[int, float | None]] = []
         downsampled = False
         total = 0
-        if lo is not None and hi - lo + 1 > max_points:
+        rolled = None
+        if lo is not None and x0 is None and x1 is None and hi - lo + 1 > max_points:
+            rolled = _from_rollup(cur, run_id, key, lo, hi, max_points)
+        if rolled is not None:
+            total, chosen = rolled
+            if total > max_points:
+                downsampled = True
+                pts = sorted(chosen.items())
+        elif lo is not None and hi - lo + 1 > max_points:
             nb = max(1, (max_points - 2) // 2)
             width = -(-(hi - lo + 1) // nb)  # ceil: integer bucket width in steps
             ok = "value IS NOT NULL AND value <> 'NaN'::float8"
@@ -275,6 +284,59 @@ def metric_series(
     }
     _cache_set(ck, result)
     return result
+
+
+def _from_rollup(
+    cur: Any, run_id: int, key: str, lo: int, hi: int, max_points: int
+) -> tuple[int, dict[int, float | None]] | None:
+    """The whole series from the ingest-time rollup: (point count, {step: value} of each bucket's min
+    and max plus the first and last point), reading at most ~4 rows per output bucket instead of every
+    point. None when no rollup level is coarse enough to pay off (short series: read the points)."""
+    nb = max(1, (max_points - 2) // 2)
+    span = hi - lo + 1
+    level = None
+    for lvl in range(ROLLUP_LEVELS):
+        if rollup_width(lvl) * nb <= span:
+            level = lvl
+    if level is None:
+        return None
+    cur.execute(
+        f"SELECT bucket, n, min_value, min_step, max_value, max_step FROM {MetricRollup._meta.db_table} "
+        "WHERE run_id = %s AND key = %s AND level = %s ORDER BY bucket",
+        [run_id, key, level],
+    )
+    rows = cur.fetchall()
+    if not rows:
+        return None
+    first = rows[0][0]
+    group = -(-(rows[-1][0] - first + 1) // nb)  # consecutive rollup buckets per output bucket
+    total = 0
+    merged: dict[int, list[Any]] = {}
+    for bucket, n, mn_v, mn_s, mx_v, mx_s in rows:
+        total += n
+        g = (bucket - first) // group
+        cell = merged.get(g)
+        if cell is None:
+            merged[g] = [mn_v, mn_s, mx_v, mx_s]
+            continue
+        if mn_v is not None and (cell[0] is None or (mn_v, mn_s) < (cell[0], cell[1])):
+            cell[0], cell[1] = mn_v, mn_s
+        if mx_v is not None and (cell[2] is None or (mx_v, mx_s) > (cell[2], cell[3])):
+            cell[2], cell[3] = mx_v, mx_s
+    chosen: dict[int, float | None] = {}
+    for mn_v, mn_s, mx_v, mx_s in merged.values():
+        if mn_s is not None:
+            chosen[mn_s] = mn_v
+        if mx_s is not None:
+            chosen[mx_s] = mx_v
+    table = MetricPoint._meta.db_table
+    cur.execute(
+        f"SELECT step, value FROM {table} WHERE run_id = %s AND key = %s AND step = ANY(%s)",
+        [run_id, key, [lo, hi]],
+    )
+    for step, value in cur.fetchall():
+        chosen[step] = value
+    return total, chosen
 
 
 def _series_version(run_id: int) -> tuple[int, list[Any]]:
@@ -330,12 +392,10 @@ def metrics_after(run_id: int, cursor: int, *, limit: int | None = None) -> list
     )
     if limit:
         qs = qs[:limit]
-    return [{"id": i, "key": k, "step": s, "value": clean_float(v)} for i, k, s, v in qs]
+    return [metric_point(i, k, s, v) for i, k, s, v in qs]
 
 
 def samples_after(run_id: int, cursor: int, *, limit: int | None = 500) -> list[dict[str, Any]]:
-    from webapp.runs.services import sample_row
-
     qs = Sample.objects.filter(run_id=run_id, id__gt=cursor).order_by("id")
     if limit:
         qs = qs[:limit]
@@ -346,13 +406,11 @@ def logs_after(run_id: int, cursor: int, *, limit: int | None = 1000) -> list[di
     qs = RunLog.objects.filter(run_id=run_id, id__gt=cursor).order_by("id").values_list("id", "line", "time")
     if limit:
         qs = qs[:limit]
-    return [{"id": i, "line": line, "time": t.isoformat()} for i, line, t in qs]
+    return [log_line(i, line, t) for i, line, t in qs]
 
 
 def latest_samples(run_id: int, *, split: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
     """The newest generations (newest first) for the run page."""
-    from webapp.runs.services import sample_row
-
     qs = Sample.objects.filter(run_id=run_id)
     if split:
         qs = qs.filter(split=split)

@@ -1,172 +1,105 @@
 """The run recorder: the engine's event sink inside a Celery worker.
 
-It stores every event of a run in PostgreSQL first, then broadcasts it to the run's Channels group;
-the DB-retry helper that keeps a connection blip from failing a run lives here with it.
+Why a queue and a thread: the trainer must never wait for PostgreSQL or Redis. Every event the engine
+emits (metrics, log lines, samples, progress, checkpoints, the end) is put on a bounded queue and
+returns at once; a background thread drains the queue and, per flush, stores everything it took in
+ONE transaction with a fixed number of statements (COPY of the points, one INSERT for points + rollup,
+one for the log lines, one UPDATE of the run; samples and checkpoints only when present), then sends
+ONE broadcast message (``protocol.batch_message``) holding the flush's messages in event order.
+
+Flushes happen when ``batch_points`` metric points are buffered or ``max_delay`` seconds after the
+first buffered event, and on ``flush()`` / ``finished`` / ``failed``, which wait until the data is stored.
+
+Backpressure: the queue holds ``queue_events`` sink calls. When it is full (the database is slower
+than the trainer, or unreachable), the trainer's next sink call blocks until the flush thread has made
+room: training slows down instead of memory growing without bound or data being dropped. A run
+logging 1,000 points/s is far below what a flush stores (≥ 100k points/s), so it never waits.
+
+Outages: a connection-level database error (server restart, network cut, killed backend) is retried on
+a fresh connection with exponential backoff (0.2 s doubling to 5 s) for up to ``give_up_after`` seconds
+(``GRUE_RECORDER_GIVE_UP_S``, default 900). Every statement is idempotent (points unique per
+run/key/step, every log line carries a unique key, a step's samples are replaced), so a flush retried
+after an ambiguous commit stores everything exactly once. If the outage outlasts the limit the recorder
+gives up: the next sink call raises ``RecorderError`` naming the real cause, which fails the run with
+that message.
+
+Broadcasts are best effort: rows are stored first, a send that takes longer than
+``GRUE_BROADCAST_TIMEOUT`` (default 1 s) is abandoned, and after a failure the recorder stops sending
+for a backoff period (5 s doubling to 60 s). Browsers catch up from their cursors when they reconnect.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
+import os
+import queue
 import socket
+import threading
 import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connection
+from channels.layers import get_channel_layer
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from engine.sinks import eval_log_line, iteration_log_line
-from webapp.runs import queries, services
-from webapp.runs.broadcast import broadcast, clean_float, status_message
-from webapp.runs.models import Run
+from webapp.runs import ingest, protocol, queries
+from webapp.runs.broadcast import DEFAULT_BROADCAST_TIMEOUT_S
+from webapp.runs.models import group_name
 
 log = logging.getLogger(__name__)
 
-
-class Recorder:
-    """EventSink that stores in PostgreSQL first, then broadcasts.
-
-    Metrics are buffered until ``batch_points`` points or ``max_delay`` seconds have
-    accumulated (default: every ``metrics`` call is one batch, which is what a live chart wants);
-    any other event flushes the buffer first so the order of events is kept.
-    """
-
-    def __init__(
-        self, run_id: int, *, batch_points: int = 1, max_delay: float = 0.25, broadcast_enabled: bool = True
-    ):
-        self.run_id = run_id
-        self.batch_points = batch_points
-        self.max_delay = max_delay
-        self.broadcast_enabled = broadcast_enabled
-        self._buf: list[tuple[str, int, float | None]] = []
-        self._buf_since: float | None = None
-        self._last_progress_write = 0.0
-        self.points_stored = 0
-
-    # -- helpers
-    def _send(self, msg: dict[str, Any]) -> None:
-        if self.broadcast_enabled:
-            broadcast(self.run_id, msg)
-
-    def flush(self) -> None:
-        if not self._buf:
-            return
-        buf, self._buf, self._buf_since = self._buf, [], None
-        # A dropped database connection must not fail a training run: the batch is re-sent on a
-        # fresh connection, and ON CONFLICT DO NOTHING makes the retry create no duplicates.
-        res = _with_db_retry(lambda: services.ingest_metrics(self.run_id, buf))
-        self.points_stored += len(res.inserted)
-        last: dict[str, tuple[int, float | None]] = {}
-        for k, s, v in buf:
-            if k not in last or s >= last[k][0]:
-                last[k] = (s, v)
-        _with_db_retry(
-            lambda: services.update_last_metrics(self.run_id, {k: v for k, (_s, v) in last.items()})
-        )
-        if res.inserted:
-            self._send(
-                {
-                    "type": "metrics",
-                    "points": [
-                        {"id": i, "key": k, "step": s, "value": clean_float(v)} for i, k, s, v in res.inserted
-                    ],
-                }
-            )
-
-    # -- EventSink
-    def run_started(self, config: dict[str, Any], run_dir: str | None = None) -> None:
-        if run_dir:
-            Run.objects.filter(pk=self.run_id).update(run_dir=str(run_dir))
-        algo = (config.get("algorithm") or {}).get("id")
-        model = (config.get("model") or {}).get("name_or_path")
-        task = (config.get("task") or {}).get("id")
-        self.log(
-            f"started on {socket.gethostname()}: {algo} on {model}, task {task}; run dir {run_dir or '-'}"
-        )
-
-    def progress(self, iteration: int, total: int, eta_seconds: float | None, phase: str = "rl") -> None:
-        self.flush()
-        frac = 0.0 if not total else max(0.0, min(1.0, iteration / total))
-
-        def store() -> Run:
-            Run.objects.filter(pk=self.run_id).update(
-                current_iter=iteration,
-                total_iters=total,
-                eta_seconds=clean_float(eta_seconds),
-                progress=frac,
-                phase=str(phase)[:32],
-                heartbeat_at=timezone.now(),
-            )
-            return Run.objects.get(pk=self.run_id)
-
-        self._send(status_message(_with_db_retry(store)))
-
-    def metrics(self, step: int, values: dict[str, float]) -> None:
-        for k, v in values.items():
-            try:
-                fv = None if v is None else float(v)
-            except (TypeError, ValueError):
-                continue
-            self._buf.append((str(k), int(step), fv))
-        # The run page's log tail: one line per iteration and per evaluation (values stored as metrics).
-        for line in (iteration_log_line(step, values), eval_log_line(step, values)):
-            if line:
-                self.log(line)
-        if self._buf_since is None:
-            self._buf_since = time.monotonic()
-        if len(self._buf) >= self.batch_points or time.monotonic() - self._buf_since >= self.max_delay:
-            self.flush()
-
-    def samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
-        self.flush()
-        objs = _with_db_retry(lambda: services.ingest_samples(self.run_id, step, split, rows))
-        if objs:
-            self._send(services.sample_message(objs))
-
-    def checkpoint(self, step: int, path: str) -> None:
-        self.flush()
-        _with_db_retry(lambda: services.add_checkpoint(self.run_id, step, path))
-        self._send({"type": "checkpoint", "step": int(step), "path": str(path)})
-        self.log(f"checkpoint at step {step}: {path}")
-
-    def log(self, message: str) -> None:
-        lines = [ln for ln in str(message).splitlines() if ln.strip()] or [str(message)]
-        objs = _with_db_retry(lambda: services.add_log_lines(self.run_id, lines))
-        self._send(
-            {"type": "log", "lines": [{"id": o.id, "line": o.line, "time": o.time.isoformat()} for o in objs]}
-        )
-
-    def finished(self, summary: dict[str, Any]) -> None:
-        self.flush()
-        _with_db_retry(lambda: Run.objects.filter(pk=self.run_id).update(summary=_jsonable(summary)))
-        self.log(f"finished after {summary.get('iterations', '?')} iterations")
-        try:  # warm the chart cache: the first visit of a finished run reads Redis, not 100k rows
-            queries.metric_series_many(self.run_id, max_points=queries.OVERVIEW_POINTS)
-        except Exception:  # noqa: BLE001 - a cold cache only costs the first visitor some time
-            log.warning("could not warm the chart cache of run %s", self.run_id, exc_info=True)
-
-    def failed(self, error: str, traceback: str) -> None:
-        self.flush()
-        _with_db_retry(
-            lambda: Run.objects.filter(pk=self.run_id).update(
-                error=str(error)[:10000], traceback=str(traceback)
-            )
-        )
-        self.log(f"failed: {error}")
+DEFAULT_GIVE_UP_S = float(os.environ.get("GRUE_RECORDER_GIVE_UP_S", "900"))
+DEFAULT_QUEUE_EVENTS = 10_000
 
 
-def _with_db_retry(fn: Any, attempts: int = 4) -> Any:
-    """Run ``fn`` again on a new connection after a connection-level error (server restart,
-    network blip, killed backend), backing off 0.2 s, 0.4 s, 0.8 s. Other errors propagate."""
-    for attempt in range(attempts):
+class RecorderError(RuntimeError):
+    """The recorder could not store the run's data (the message names the real cause)."""
+
+
+def with_db_retry(
+    fn: Callable[[], Any], *, give_up_after: float | None = None, what: str = "run data"
+) -> Any:
+    """Run ``fn`` again on a fresh connection after a connection-level error (server restart, network
+    cut, killed backend), backing off 0.2 s doubling to 5 s, for up to ``give_up_after`` seconds (then
+    the last error propagates). Other errors propagate at once: retrying a bad statement cannot help.
+    ``fn`` must be idempotent; it runs in its own transaction."""
+    limit = DEFAULT_GIVE_UP_S if give_up_after is None else give_up_after
+    start = time.monotonic()
+    delay = 0.2
+    for attempt in itertools.count():
         try:
             return fn()
-        except (OperationalError, InterfaceError):
-            if attempt == attempts - 1:
+        except (OperationalError, InterfaceError) as exc:
+            waited = time.monotonic() - start
+            if waited + delay > limit:
                 raise
-            log.warning("database error while storing run data; retrying", exc_info=True)
-            connection.close()
-            time.sleep(0.2 * 2**attempt)
+            log.warning(
+                "database error while storing %s (attempt %d, %.1f s into the outage); retrying in %.1f s: %s",
+                what,
+                attempt + 1,
+                waited,
+                delay,
+                exc,
+            )
+            try:
+                connection.close()
+            except Exception:  # noqa: BLE001 - the connection is broken already
+                pass
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
     raise AssertionError("unreachable")
+
+
+def _with_db_retry(fn: Callable[[], Any], attempts: int | None = None) -> Any:
+    """The old name (``tasks.py`` still imports it)."""
+    return with_db_retry(fn)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -175,10 +108,410 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
     if isinstance(obj, float):
-        return clean_float(obj)
+        return protocol.clean_float(obj)
     if isinstance(obj, (int, str, bool)) or obj is None:
         return obj
     try:
         return float(obj)
     except (TypeError, ValueError):
         return str(obj)
+
+
+# --------------------------------------------------------------------------- events on the queue
+
+
+@dataclass
+class _Event:
+    kind: str  # metrics | log | samples | progress | checkpoint | run_started | finished | failed
+    time: datetime
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Barrier:
+    """Put on the queue by ``flush()``: set once everything before it is stored (or failed)."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    stop: bool = False
+
+
+class Broadcaster:
+    """Sends a run's messages to its Channels group from one thread, on one event loop (one Redis
+    connection, reused), with a timeout per send and a backoff after a failure."""
+
+    def __init__(self, run_id: int, timeout: float = DEFAULT_BROADCAST_TIMEOUT_S):
+        self.group = group_name(run_id)
+        self.timeout = timeout
+        self.failures = 0
+        self.sent = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pause_until = 0.0
+        self._backoff = 5.0
+
+    def send(self, message: dict[str, Any]) -> bool:
+        if time.monotonic() < self._pause_until:
+            return False
+        layer = get_channel_layer()
+        if layer is None:
+            return False
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(
+                asyncio.wait_for(
+                    layer.group_send(self.group, {"type": "run.message", "message": message}), self.timeout
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - stored already; clients catch up from their cursor
+            self.failures += 1
+            self._pause_until = time.monotonic() + self._backoff
+            log.warning(
+                "live update to %s failed (%s: %s); pausing broadcasts for %.0f s, the data is stored",
+                self.group,
+                type(exc).__name__,
+                exc,
+                self._backoff,
+            )
+            self._backoff = min(60.0, self._backoff * 2)
+            self._reset_loop()
+            return False
+        self._backoff = 5.0
+        self.sent += 1
+        return True
+
+    def _reset_loop(self) -> None:
+        """A send that timed out may leave its connection mid-reply: start the next on a fresh one."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            try:
+                loop.close()  # channels-redis closes this loop's connection pool
+            except Exception:  # noqa: BLE001
+                log.debug("closing the broadcast loop failed", exc_info=True)
+
+    def close(self) -> None:
+        self._reset_loop()
+
+
+class Recorder:
+    """EventSink that stores a run's events in PostgreSQL, then broadcasts them (see module doc)."""
+
+    def __init__(
+        self,
+        run_id: int,
+        *,
+        batch_points: int = 10_000,
+        max_delay: float = 0.25,
+        broadcast_enabled: bool = True,
+        queue_events: int = DEFAULT_QUEUE_EVENTS,
+        give_up_after: float | None = None,
+        broadcast_timeout: float | None = None,
+    ):
+        self.run_id = run_id
+        self.batch_points = batch_points
+        self.max_delay = max_delay
+        self.broadcast_enabled = broadcast_enabled
+        self.give_up_after = DEFAULT_GIVE_UP_S if give_up_after is None else give_up_after
+        self.points_stored = 0
+        self.flushes = 0
+        self.error: RecorderError | None = None
+        self._queue: queue.Queue[_Event | _Barrier] = queue.Queue(maxsize=max(1, queue_events))
+        self._broadcaster = Broadcaster(
+            run_id, DEFAULT_BROADCAST_TIMEOUT_S if broadcast_timeout is None else broadcast_timeout
+        )
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        # Unique keys for free log lines: a flush retried after an ambiguous commit stores them once.
+        self._token = uuid.uuid4().hex[:12]
+        self._line_seq = itertools.count()
+        self._seen_sample_steps: set[tuple[int, str]] = set()
+        self._flush_sample_steps: set[tuple[int, str]] = set()
+
+    # ------------------------------------------------------------------ trainer side
+    def _put(self, item: _Event | _Barrier) -> None:
+        while True:
+            if self.error is not None:
+                raise self.error
+            self._ensure_thread()
+            try:
+                self._queue.put(item, timeout=0.5)  # blocks while full: the documented backpressure
+                return
+            except queue.Full:
+                continue
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=f"recorder-{self.run_id}", daemon=True)
+                self._thread.start()
+
+    def _event(self, kind: str, **data: Any) -> None:
+        self._put(_Event(kind, timezone.now(), data))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every event emitted so far is stored (and broadcast); raises RecorderError if
+        the recorder gave up."""
+        barrier = _Barrier()
+        self._put(barrier)
+        if not barrier.done.wait(timeout):
+            raise RecorderError(f"run {self.run_id}: events not stored after {timeout} s")
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Flush, then stop the background thread (it closes its database connection)."""
+        barrier = _Barrier(stop=True)
+        try:
+            self._put(barrier)
+        except RecorderError:
+            return
+        barrier.done.wait()
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=30)
+        if self.error is not None:
+            raise self.error
+
+    # -- EventSink
+    def run_started(self, config: dict[str, Any], run_dir: str | None = None) -> None:
+        algo = (config.get("algorithm") or {}).get("id")
+        model = (config.get("model") or {}).get("name_or_path")
+        task = (config.get("task") or {}).get("id")
+        self._event("run_started", run_dir=str(run_dir) if run_dir else None)
+        self.log(
+            f"started on {socket.gethostname()}: {algo} on {model}, task {task}; run dir {run_dir or '-'}"
+        )
+
+    def progress(self, iteration: int, total: int, eta_seconds: float | None, phase: str = "rl") -> None:
+        self._event("progress", iteration=int(iteration), total=int(total), eta=eta_seconds, phase=str(phase))
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        points = []
+        for k, v in values.items():
+            try:
+                fv = None if v is None else float(v)
+            except (TypeError, ValueError):
+                continue
+            points.append((str(k), int(step), fv))
+        self._event("metrics", points=points)
+        # The run page's log tail: one line per iteration and per evaluation (values stored as metrics).
+        line = iteration_log_line(step, values)
+        if line:
+            self._log([line], [f"iter:{step}"])
+        line = eval_log_line(step, values)
+        if line:
+            self._log([line], [f"eval:{step}"])
+
+    def samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
+        self._event("samples", step=int(step), split=str(split or "train")[:32], rows=list(rows))
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self._event("checkpoint", step=int(step), path=str(path))
+        self._log([f"checkpoint at step {step}: {path}"], [f"ckpt:{step}"])
+
+    def log(self, message: str) -> None:
+        lines = [ln for ln in str(message).splitlines() if ln.strip()] or [str(message)]
+        self._log(lines, [f"{self._token}:{next(self._line_seq)}" for _ in lines])
+
+    def _log(self, lines: list[str], keys: list[str]) -> None:
+        self._event("log", lines=lines, keys=keys)
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        self._event("finished", summary=_jsonable(summary))
+        self.log(f"finished after {summary.get('iterations', '?')} iterations")
+        self.flush()
+        try:  # warm the chart cache: the first visit of a finished run reads Redis, not 100k rows
+            queries.metric_series_many(self.run_id, max_points=queries.OVERVIEW_POINTS)
+        except Exception:  # noqa: BLE001 - a cold cache only costs the first visitor some time
+            log.warning("could not warm the chart cache of run %s", self.run_id, exc_info=True)
+
+    def failed(self, error: str, traceback: str) -> None:
+        if self.error is not None:
+            return  # the recorder gave up: its own error is what fails the run
+        self._event("failed", error=str(error)[:10000], traceback=str(traceback))
+        self.log(f"failed: {error}")
+        try:
+            self.flush()
+        except RecorderError:
+            log.warning("could not store the failure of run %s", self.run_id, exc_info=True)
+
+    # ------------------------------------------------------------------ flush thread
+    def _run(self) -> None:
+        pending: list[_Event] = []
+        points = 0
+        first_at = 0.0
+        try:
+            while True:
+                timeout = None if not pending else max(0.0, first_at + self.max_delay - time.monotonic())
+                try:
+                    item = self._queue.get(timeout=timeout if pending else 5.0)
+                except queue.Empty:
+                    if pending:
+                        self._store(pending)
+                        pending, points = [], 0
+                        continue
+                    with self._lock:  # idle: let the thread end; the next event starts a new one
+                        if self._queue.empty():
+                            self._thread = None
+                            return
+                    continue
+                if isinstance(item, _Barrier):
+                    if pending:
+                        self._store(pending)
+                        pending, points = [], 0
+                    if item.stop:
+                        with self._lock:
+                            self._thread = None
+                        item.done.set()
+                        return
+                    item.done.set()
+                    continue
+                if not pending:
+                    first_at = time.monotonic()
+                pending.append(item)
+                if item.kind == "metrics":
+                    points += len(item.data["points"])
+                if points >= self.batch_points:
+                    self._store(pending)
+                    pending, points = [], 0
+        finally:
+            self._broadcaster.close()
+            connection.close()
+
+    def _store(self, events: list[_Event]) -> None:
+        if self.error is not None:
+            return
+        try:
+            messages = with_db_retry(
+                lambda: self._store_once(events), give_up_after=self.give_up_after, what=f"run {self.run_id}"
+            )
+        except (OperationalError, InterfaceError) as exc:
+            self._give_up(
+                f"could not store the data of run {self.run_id}: the database was unreachable for "
+                f"{self.give_up_after:.0f} s ({type(exc).__name__}: {str(exc).strip()})"
+            )
+            return
+        except Exception as exc:  # noqa: BLE001 - a bad row or a deleted run: retrying cannot help
+            log.exception("storing the data of run %s failed", self.run_id)
+            self._give_up(f"could not store the data of run {self.run_id}: {type(exc).__name__}: {exc}")
+            return
+        self._seen_sample_steps.update(self._flush_sample_steps)
+        self.flushes += 1
+        if messages and self.broadcast_enabled:
+            self._broadcaster.send(messages[0] if len(messages) == 1 else protocol.batch_message(messages))
+
+    def _give_up(self, message: str) -> None:
+        log.error("recorder of run %s gives up: %s", self.run_id, message)
+        self.error = RecorderError(message)
+        # Unblock a trainer waiting on a full queue: its next call raises the error.
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Barrier):
+                item.done.set()
+
+    def _store_once(self, events: list[_Event]) -> list[dict[str, Any]]:
+        """One transaction for the whole flush; returns the live messages in event order."""
+        # Rows of the flush, each remembering the event it came from.
+        point_rows: list[tuple[str, int, float | None, datetime]] = []
+        log_lines: list[str] = []
+        log_keys: list[str] = []
+        log_times: list[datetime] = []
+        last: dict[str, tuple[int, float | None]] = {}
+        fields: dict[str, Any] = {}
+        status_at: int | None = None
+        self._flush_sample_steps: set[tuple[int, str]] = set()
+        for idx, ev in enumerate(events):
+            if ev.kind == "metrics":
+                for k, s, v in ev.data["points"]:
+                    point_rows.append((k, s, v, ev.time))
+                    if k not in last or s >= last[k][0]:
+                        last[k] = (s, v)
+            elif ev.kind == "log":
+                log_lines.extend(ev.data["lines"])
+                log_keys.extend(ev.data["keys"])
+                log_times.extend([ev.time] * len(ev.data["lines"]))
+            elif ev.kind == "progress":
+                total = ev.data["total"]
+                fields.update(
+                    current_iter=ev.data["iteration"],
+                    total_iters=total,
+                    eta_seconds=protocol.clean_float(ev.data["eta"]),
+                    progress=0.0 if not total else max(0.0, min(1.0, ev.data["iteration"] / total)),
+                    phase=ev.data["phase"][:32],
+                    heartbeat_at=ev.time,
+                )
+                status_at = idx
+            elif ev.kind == "run_started" and ev.data.get("run_dir"):
+                fields["run_dir"] = ev.data["run_dir"]
+            elif ev.kind == "finished":
+                fields["summary"] = ev.data["summary"]
+            elif ev.kind == "failed":
+                fields["error"] = ev.data["error"]
+                fields["traceback"] = ev.data["traceback"]
+        with transaction.atomic():
+            inserted = ingest._insert_points(self.run_id, point_rows, returning=True)
+            lines = ingest.add_log_lines(self.run_id, log_lines, keys=log_keys, times=log_times)
+            run = ingest.update_run(self.run_id, fields, last_metrics={k: v for k, (_s, v) in last.items()})
+            if run is None:
+                raise RecorderError(f"run {self.run_id} no longer exists")
+            samples: dict[int, list[Any]] = {}
+            for idx, ev in enumerate(events):
+                if ev.kind == "samples":
+                    # The first samples of a (step, split) in this execution replace what an earlier
+                    # execution (before a resume) or an ambiguous earlier attempt stored for it.
+                    key = (ev.data["step"], ev.data["split"])
+                    replace = key not in self._seen_sample_steps and key not in self._flush_sample_steps
+                    self._flush_sample_steps.add(key)
+                    samples[idx] = ingest.ingest_samples(
+                        self.run_id, ev.data["step"], ev.data["split"], ev.data["rows"], replace=replace
+                    )
+                elif ev.kind == "checkpoint":
+                    ingest.add_checkpoint(self.run_id, ev.data["step"], ev.data["path"])
+        self.points_stored += len(inserted)
+        return self._messages(events, inserted, lines, run, status_at, samples)
+
+    def _messages(
+        self,
+        events: list[_Event],
+        inserted: list[tuple[int, str, int, float | None]],
+        lines: list[tuple[int, str, datetime, str]],
+        run: Any,
+        status_at: int | None,
+        samples: dict[int, list[Any]],
+    ) -> list[dict[str, Any]]:
+        """The flush's messages in event order; consecutive messages of one kind are merged."""
+        ids = {(k, s): (i, v) for i, k, s, v in inserted}
+        stored_lines = {key: (i, line, t) for i, line, t, key in lines}
+        out: list[dict[str, Any]] = []
+
+        def add(kind: str, field_name: str, rows: list[dict[str, Any]]) -> None:
+            if not rows:
+                return
+            if out and out[-1]["type"] == kind:
+                out[-1][field_name].extend(rows)
+            else:
+                out.append({"type": kind, field_name: rows})
+
+        for idx, ev in enumerate(events):
+            if ev.kind == "metrics":
+                rows = []
+                for k, s, _v in ev.data["points"]:
+                    hit = ids.pop((k, s), None)
+                    if hit is not None:
+                        rows.append(protocol.metric_point(hit[0], k, s, hit[1]))
+                add("metrics", "points", rows)
+            elif ev.kind == "log":
+                rows = [
+                    protocol.log_line(*stored_lines[key]) for key in ev.data["keys"] if key in stored_lines
+                ]
+                add("log", "lines", rows)
+            elif ev.kind == "samples" and samples.get(idx):
+                out.append(protocol.samples_message(samples[idx]))
+            elif ev.kind == "checkpoint":
+                out.append(protocol.checkpoint_message(ev.data["step"], ev.data["path"]))
+            if idx == status_at:
+                out.append(protocol.status_message(run))
+        return out

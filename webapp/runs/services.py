@@ -11,26 +11,29 @@ import logging
 import math
 import shutil
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from webapp.runs.broadcast import broadcast, clean_float, status_message
-from webapp.runs.models import (
-    ACTIVE_STATUSES,
-    Checkpoint,
-    MetricPoint,
-    Project,
-    Run,
-    RunLog,
-    RunStatus,
-    Sample,
+
+# The ingest SQL lives in webapp/runs/ingest.py and the live messages in webapp/runs/protocol.py;
+# these names stay importable from here.
+from webapp.runs.ingest import (  # noqa: F401
+    IngestResult,
+    add_checkpoint,
+    add_log_lines,
+    ingest_metrics,
+    ingest_samples,
+    update_last_metrics,
 )
+from webapp.runs.models import ACTIVE_STATUSES, Project, Run, RunStatus
+from webapp.runs.protocol import sample_row  # noqa: F401
+from webapp.runs.protocol import samples_message as sample_message  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -463,140 +466,6 @@ def mark_lost_runs(
             _send_status(locked)
             ids.append(locked.pk)
     return ids
-
-
-# --------------------------------------------------------------------------- ingestion
-
-
-@dataclass
-class IngestResult:
-    inserted: list[tuple[int, str, int, float | None]]  # (id, key, step, value) of new rows
-    received: int
-
-    @property
-    def duplicates(self) -> int:
-        return self.received - len(self.inserted)
-
-
-def _as_value(v: Any) -> float | None:
-    if v is None:
-        return None
-    f = float(v)
-    return f
-
-
-def ingest_metrics(
-    run_id: int,
-    points: Iterable[tuple[str, int, float | None] | Mapping[str, Any]],
-    *,
-    time: datetime | None = None,
-    returning: bool = True,
-) -> IngestResult:
-    """Store metric points in bulk, idempotent on (run, key, step): replays insert nothing.
-
-    ``points`` are ``(key, step, value)`` tuples or ``{"key","step","value"[,"time"]}`` dicts.
-    Uses COPY (binary) into a temporary table and ``INSERT … ON CONFLICT DO NOTHING``, which is
-    what makes ≥50k points/s possible. Returns the rows that were new, with their cursor ids.
-    """
-    now = time or timezone.now()
-    rows: list[tuple[str, int, float | None, datetime]] = []
-    for p in points:
-        if isinstance(p, Mapping):
-            rows.append((str(p["key"]), int(p["step"]), _as_value(p.get("value")), p.get("time") or now))
-        else:
-            k, s, v = p[0], p[1], p[2]
-            rows.append((str(k), int(s), _as_value(v), now))
-    if not rows:
-        return IngestResult([], 0)
-    table = MetricPoint._meta.db_table
-    with transaction.atomic(), connection.cursor() as cur:
-        # A committed batch is durable (synchronous commit): the sink never resends a batch it saw
-        # commit, so skipping the WAL flush could silently drop points on a server crash.
-        cur.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS _grue_metric_in "
-            "(key text, step bigint, value double precision, time timestamptz) ON COMMIT DELETE ROWS"
-        )
-        raw = cur.cursor  # the psycopg 3 cursor (Django's wrapper has no COPY API)
-        with raw.copy("COPY _grue_metric_in (key, step, value, time) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["text", "int8", "float8", "timestamptz"])
-            for row in rows:
-                copy.write_row(row)
-        sql = (
-            f"INSERT INTO {table} (run_id, key, step, value, time) "
-            "SELECT %s, key, step, value, time FROM _grue_metric_in "
-            "ON CONFLICT (run_id, key, step) DO NOTHING"
-        )
-        if returning:
-            cur.execute(sql + " RETURNING id, key, step, value", [run_id])
-            inserted = sorted(cur.fetchall())
-        else:
-            cur.execute(sql, [run_id])
-            inserted = []
-    return IngestResult([tuple(r) for r in inserted], len(rows))
-
-
-def update_last_metrics(run_id: int, values: Mapping[str, float | None]) -> None:
-    """Keep the newest value per key on the Run (metric columns of the run table)."""
-    clean = {k: clean_float(v) for k, v in values.items()}
-    if not clean:
-        return
-    with connection.cursor() as cur:
-        cur.execute(
-            f"UPDATE {Run._meta.db_table} SET last_metrics = last_metrics || %s::jsonb WHERE id = %s",
-            [json.dumps(clean), run_id],
-        )
-
-
-def ingest_samples(run_id: int, step: int, split: str, rows: Iterable[Mapping[str, Any]]) -> list[Sample]:
-    """Store generations (prompt, generation, references, reward, per-sample metrics)."""
-    objs = []
-    for r in rows:
-        refs = r.get("references") or []
-        if isinstance(refs, str):
-            refs = [refs]
-        metrics = {k: clean_float(v) for k, v in (r.get("metrics") or {}).items()}
-        objs.append(
-            Sample(
-                run_id=run_id,
-                step=int(step),
-                split=str(split or "train")[:32],
-                sample_id=str(r.get("sample_id") or "")[:200],
-                prompt=str(r.get("prompt", "")),
-                generation=str(r.get("generation", "")),
-                references=[str(x) for x in refs],
-                reward=clean_float(r.get("reward")),
-                metrics=metrics,
-            )
-        )
-    return Sample.objects.bulk_create(objs, batch_size=500)
-
-
-def sample_message(samples: Iterable[Sample]) -> dict[str, Any]:
-    return {"type": "samples", "rows": [sample_row(s) for s in samples]}
-
-
-def sample_row(s: Sample) -> dict[str, Any]:
-    return {
-        "id": s.id,
-        "step": s.step,
-        "split": s.split,
-        "sample_id": s.sample_id,
-        "prompt": s.prompt,
-        "generation": s.generation,
-        "references": s.references,
-        "reward": s.reward,
-        "metrics": s.metrics,
-    }
-
-
-def add_log_lines(run_id: int, lines: Iterable[str]) -> list[RunLog]:
-    objs = [RunLog(run_id=run_id, line=str(line)[:10000]) for line in lines]
-    return RunLog.objects.bulk_create(objs)
-
-
-def add_checkpoint(run_id: int, step: int, path: str) -> Checkpoint:
-    ckpt, _ = Checkpoint.objects.update_or_create(run_id=run_id, step=int(step), defaults={"path": str(path)})
-    return ckpt
 
 
 # --------------------------------------------------------------------------- import of CLI runs

@@ -1,0 +1,289 @@
+"""The SQL that stores a run's live data: metric points (with their min/max rollup), log lines,
+samples and checkpoints, one batch at a time.
+
+Why one module: the recorder's flush, the CLI-run import and the benchmarks all write through these
+functions, so the idempotency rules (metric points unique per run/key/step, keyed log lines unique per
+run/key, a step's samples replaced when the step is re-executed) and the rollup that makes cold charts
+cheap hold for every writer.
+
+Rollup: for every new point, each level ``l`` of ``metric_rollup`` keeps count, min and max (with their
+steps) of the bucket ``step // (ROLLUP_BASE * ROLLUP_FACTOR**l)``. It is updated in the same statement
+as the insert and only from the rows that were really inserted, so replays do not count twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from webapp.runs.models import Checkpoint, MetricPoint, MetricRollup, Run, RunLog, Sample
+from webapp.runs.protocol import clean_float
+
+ROLLUP_BASE = 16
+ROLLUP_FACTOR = 4
+ROLLUP_LEVELS = 8  # widths 16, 64, …, 262,144 steps
+_BASE_SHIFT = ROLLUP_BASE.bit_length() - 1
+_FACTOR_SHIFT = ROLLUP_FACTOR.bit_length() - 1
+
+
+def rollup_width(level: int) -> int:
+    return ROLLUP_BASE * ROLLUP_FACTOR**level
+
+
+def _rollup_sql(source: str) -> str:
+    """CTEs that aggregate ``source`` (key, step, value) level by level (each level from the one
+    below it, so the work shrinks by ROLLUP_FACTOR per level) and upsert them into the rollup table.
+    Expects the run id as the next ``%s`` parameter."""
+    ok = "value IS NOT NULL AND value <> 'NaN'::float8"
+    parts = [
+        f"""r0 AS (
+          SELECT key, step >> {_BASE_SHIFT} AS bucket, count(*)::int AS n,
+                 min(ARRAY[value, step::float8]) FILTER (WHERE {ok}) AS mn,
+                 max(ARRAY[value, step::float8]) FILTER (WHERE {ok}) AS mx
+          FROM {source} GROUP BY 1, 2)"""
+    ]
+    for lvl in range(1, ROLLUP_LEVELS):
+        parts.append(
+            f"""r{lvl} AS (
+          SELECT key, bucket >> {_FACTOR_SHIFT} AS bucket, sum(n)::int AS n, min(mn) AS mn, max(mx) AS mx
+          FROM r{lvl - 1} GROUP BY 1, 2)"""
+        )
+    union = " UNION ALL ".join(
+        f"SELECT {lvl} AS level, key, bucket, n, mn, mx FROM r{lvl}" for lvl in range(ROLLUP_LEVELS)
+    )
+    t = MetricRollup._meta.db_table
+    newer_min = "t.min_value IS NULL OR (EXCLUDED.min_value IS NOT NULL AND (EXCLUDED.min_value, EXCLUDED.min_step) < (t.min_value, t.min_step))"
+    newer_max = "t.max_value IS NULL OR (EXCLUDED.max_value IS NOT NULL AND (EXCLUDED.max_value, EXCLUDED.max_step) > (t.max_value, t.max_step))"
+    parts.append(
+        f"""rollup AS (
+          INSERT INTO {t} AS t (run_id, key, level, bucket, n, min_value, min_step, max_value, max_step)
+          SELECT %s, key, level, bucket, n, mn[1], mn[2]::bigint, mx[1], mx[2]::bigint
+          FROM ({union}) AS agg
+          ON CONFLICT (run_id, key, level, bucket) DO UPDATE SET
+            n = t.n + EXCLUDED.n,
+            min_value = CASE WHEN {newer_min} THEN EXCLUDED.min_value ELSE t.min_value END,
+            min_step = CASE WHEN {newer_min} THEN EXCLUDED.min_step ELSE t.min_step END,
+            max_value = CASE WHEN {newer_max} THEN EXCLUDED.max_value ELSE t.max_value END,
+            max_step = CASE WHEN {newer_max} THEN EXCLUDED.max_step ELSE t.max_step END)"""
+    )
+    return ",\n".join(parts)
+
+
+_INSERT_POINTS_SQL = (
+    f"WITH ins AS (INSERT INTO {MetricPoint._meta.db_table} (run_id, key, step, value, time) "
+    "SELECT %s, key, step, value, time FROM _grue_metric_in ORDER BY ord "
+    "ON CONFLICT (run_id, key, step) DO NOTHING RETURNING id, key, step, value),\n" + _rollup_sql("ins")
+)
+
+
+@dataclass
+class IngestResult:
+    inserted: list[tuple[int, str, int, float | None]]  # (id, key, step, value) of new rows, id order
+    received: int
+
+    @property
+    def duplicates(self) -> int:
+        return self.received - len(self.inserted)
+
+
+def _as_value(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _copy_points(cur: Any, rows: Sequence[tuple[str, int, float | None, datetime]]) -> None:
+    """COPY (binary) the rows into the session's temp table, numbered in arrival order."""
+    cur.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS _grue_metric_in "
+        "(ord bigint, key text, step bigint, value double precision, time timestamptz) ON COMMIT DELETE ROWS"
+    )
+    raw = cur.cursor  # the psycopg 3 cursor (Django's wrapper has no COPY API)
+    with raw.copy("COPY _grue_metric_in (ord, key, step, value, time) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(["int8", "text", "int8", "float8", "timestamptz"])
+        for i, row in enumerate(rows):
+            copy.write_row((i, *row))
+
+
+def _insert_points(
+    run_id: int, rows: Sequence[tuple[str, int, float | None, datetime]], returning: bool
+) -> list:
+    """Inside the caller's transaction: store points and their rollup; the new rows in id order."""
+    if not rows:
+        return []
+    with connection.cursor() as cur:
+        _copy_points(cur, rows)
+        if returning:
+            cur.execute(
+                _INSERT_POINTS_SQL + "\nSELECT id, key, step, value FROM ins ORDER BY id", [run_id, run_id]
+            )
+            return [tuple(r) for r in cur.fetchall()]
+        cur.execute(_INSERT_POINTS_SQL + "\nSELECT count(*) FROM ins", [run_id, run_id])
+        return []
+
+
+def ingest_metrics(
+    run_id: int,
+    points: Iterable[tuple[str, int, float | None] | Mapping[str, Any]],
+    *,
+    time: datetime | None = None,
+    returning: bool = True,
+) -> IngestResult:
+    """Store metric points in bulk, idempotent on (run, key, step): replays insert nothing.
+
+    ``points`` are ``(key, step, value)`` tuples or ``{"key","step","value"[,"time"]}`` dicts.
+    COPY (binary) into a temporary table, then one ``INSERT … ON CONFLICT DO NOTHING`` that also
+    updates the rollup. Returns the rows that were new, with their cursor ids (when ``returning``).
+    """
+    now = time or timezone.now()
+    rows: list[tuple[str, int, float | None, datetime]] = []
+    for p in points:
+        if isinstance(p, Mapping):
+            rows.append((str(p["key"]), int(p["step"]), _as_value(p.get("value")), p.get("time") or now))
+        else:
+            rows.append((str(p[0]), int(p[1]), _as_value(p[2]), now))
+    if not rows:
+        return IngestResult([], 0)
+    # A committed batch is durable (synchronous commit): the recorder never resends a batch it saw
+    # commit, so skipping the WAL flush could silently drop points on a server crash.
+    with transaction.atomic():
+        inserted = _insert_points(run_id, rows, returning)
+    return IngestResult(inserted, len(rows))
+
+
+def update_last_metrics(run_id: int, values: Mapping[str, float | None]) -> None:
+    """Keep the newest value per key on the Run (metric columns of the run table)."""
+    clean = {k: clean_float(v) for k, v in values.items()}
+    if not clean:
+        return
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {Run._meta.db_table} SET last_metrics = last_metrics || %s::jsonb WHERE id = %s",
+            [json.dumps(clean), run_id],
+        )
+
+
+def _sample_objects(run_id: int, step: int, split: str, rows: Iterable[Mapping[str, Any]]) -> list[Sample]:
+    objs = []
+    for r in rows:
+        refs = r.get("references") or []
+        if isinstance(refs, str):
+            refs = [refs]
+        metrics = {k: clean_float(v) for k, v in (r.get("metrics") or {}).items()}
+        objs.append(
+            Sample(
+                run_id=run_id,
+                step=int(step),
+                split=str(split or "train")[:32],
+                sample_id=str(r.get("sample_id") or "")[:200],
+                prompt=str(r.get("prompt", "")),
+                generation=str(r.get("generation", "")),
+                references=[str(x) for x in refs],
+                reward=clean_float(r.get("reward")),
+                metrics=metrics,
+            )
+        )
+    return objs
+
+
+def ingest_samples(
+    run_id: int, step: int, split: str, rows: Iterable[Mapping[str, Any]], *, replace: bool = False
+) -> list[Sample]:
+    """Store generations (prompt, generation, references, reward, per-sample metrics).
+
+    ``replace``: first delete the run's samples of this step and split. The recorder replaces on the
+    first samples event of a (step, split) in an execution, so a resumed run that re-executes a step
+    ends with that step's samples once, and a retried flush does not store them twice."""
+    objs = _sample_objects(run_id, step, split, rows)
+    with transaction.atomic():
+        if replace:
+            Sample.objects.filter(run_id=run_id, step=int(step), split=str(split or "train")[:32]).delete()
+        return Sample.objects.bulk_create(objs, batch_size=500)
+
+
+def add_log_lines(
+    run_id: int,
+    lines: Sequence[str],
+    *,
+    keys: Sequence[str] | None = None,
+    times: Sequence[datetime] | None = None,
+) -> list[tuple[int, str, datetime, str]]:
+    """Store log lines in order; a line whose non-empty key the run already has is skipped.
+    Returns the stored lines ``(id, line, time, key)`` in id (= given) order."""
+    if not lines:
+        return []
+    now = timezone.now()
+    keys = list(keys) if keys is not None else [""] * len(lines)
+    times = list(times) if times is not None else [now] * len(lines)
+    table = RunLog._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            WITH ins AS (
+              INSERT INTO {table} (run_id, line, time, key)
+              SELECT %s, line, time, key
+              FROM unnest(%s::text[], %s::timestamptz[], %s::text[]) WITH ORDINALITY AS t(line, time, key, ord)
+              ORDER BY ord
+              ON CONFLICT (run_id, key) WHERE key <> '' DO NOTHING
+              RETURNING id, line, time, key)
+            SELECT id, line, time, key FROM ins ORDER BY id
+            """,
+            [run_id, [str(x)[:10000] for x in lines], times, [str(k)[:64] for k in keys]],
+        )
+        return [tuple(r) for r in cur.fetchall()]
+
+
+def add_checkpoint(run_id: int, step: int, path: str) -> Checkpoint:
+    ckpt, _ = Checkpoint.objects.update_or_create(run_id=run_id, step=int(step), defaults={"path": str(path)})
+    return ckpt
+
+
+_STATUS_COLUMNS = (
+    "status",
+    "progress",
+    "eta_seconds",
+    "current_iter",
+    "total_iters",
+    "phase",
+    "error",
+    "cancel_requested",
+    "started_at",
+    "finished_at",
+)
+
+
+class _Row:
+    def __init__(self, values: Mapping[str, Any]):
+        self.__dict__.update(values)
+
+
+def update_run(
+    run_id: int, fields: Mapping[str, Any], *, last_metrics: Mapping[str, float | None] | None = None
+) -> Any | None:
+    """One UPDATE of the run's columns (and a merge into ``last_metrics``); returns an object with the
+    status-message fields of the updated row (None if the run is gone)."""
+    sets = []
+    args: list[Any] = []
+    for name, value in fields.items():
+        if name == "summary":
+            sets.append("summary = %s::jsonb")
+            args.append(json.dumps(value))
+        else:
+            sets.append(f"{name} = %s")
+            args.append(value)
+    if last_metrics:
+        sets.append("last_metrics = last_metrics || %s::jsonb")
+        args.append(json.dumps({k: clean_float(v) for k, v in last_metrics.items()}))
+    if not sets:
+        sets.append("id = id")
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {Run._meta.db_table} SET {', '.join(sets)} WHERE id = %s RETURNING {', '.join(_STATUS_COLUMNS)}",
+            [*args, run_id],
+        )
+        row = cur.fetchone()
+    return None if row is None else _Row(dict(zip(_STATUS_COLUMNS, row, strict=True)))
