@@ -1,5 +1,8 @@
 """The launch form is generated from the engine's JSON Schema: every schema leaf has a widget, the
-widgets round-trip a config exactly, and the engine's errors land on the widget of their field."""
+widgets round-trip a config exactly, and the engine's errors land on the widget of their field.
+
+The form asks the runs app's extension point for reward choices (the annotation app's provider reads
+its reward models from the database), hence the database mark."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from typing import Any
 import pytest
 
 from engine.config import RunConfig, json_schema
+from webapp.runs import extensions
 from webapp.runs.forms import (
     ImportRunForm,
     RunConfigForm,
@@ -17,6 +21,8 @@ from webapp.runs.forms import (
     schema_fields,
 )
 from webapp.runs.queries import flatten
+
+pytestmark = pytest.mark.django_db
 
 
 def _schema_leaves(schema: dict[str, Any]) -> set[str]:
@@ -159,30 +165,51 @@ def test_import_form_rejects_paths_outside_roots(settings: Any, tmp_path: Any) -
     assert "outside the allowed directories" in sneaky.errors["path"][0]
 
 
-def test_learned_reward_models_replace_the_reward_section(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The annotation app offers trained reward models; choosing one replaces the reward section."""
-    import annotation.services
-
+def test_reward_choices_from_other_apps_replace_the_reward_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another app (annotation: trained reward models) offers rewards through the extension point;
+    choosing one replaces the reward section, and ``reward_choice`` preselects it (the "launch a run
+    on it" link)."""
     learned = {
         "id": "increasing_numbers",
         "args": {"min_tokens": 3},
         "components": [],
         "include_prompt": True,
     }
-    monkeypatch.setattr(
-        annotation.services,
-        "reward_choices",
-        lambda: [{"label": "Learned reward: prefs (#7)", "reward": learned}],
+    monkeypatch.setattr(extensions, "_reward_providers", [])
+    extensions.register_reward_choices(
+        lambda: [{"id": "rm-7", "label": "Learned reward: prefs (#7)", "config": learned}]
     )
     form = RunConfigForm()
-    assert "reward_preset" in form.fields
-    assert ("0", "Learned reward: prefs (#7)") in form.fields["reward_preset"].choices
+    assert ("rm-7", "Learned reward: prefs (#7)") in form.fields["reward_preset"].choices
+    assert form["reward_preset"].value() in ("", None)
+    assert RunConfigForm(reward_choice="rm-7")["reward_preset"].value() == "rm-7"
+    assert RunConfigForm(reward_choice="no-such")["reward_preset"].value() == ""
     data = form_data_from_config(default_config())
-    data["reward_preset"] = "0"
+    data["reward_preset"] = "rm-7"
     form = RunConfigForm(data)
     assert form.is_valid(), form.errors
     assert form.config.reward.model_dump() == learned
-    # without a choice the reward widgets apply
+    # without a choice the reward widgets apply; an unknown choice is a field error
     data["reward_preset"] = ""
     form = RunConfigForm(data)
     assert form.is_valid() and form.config.reward.id == default_config()["reward"]["id"]
+    data["reward_preset"] = "rm-8"
+    form = RunConfigForm(data)
+    assert not form.is_valid() and "reward_preset" in form.errors
+
+
+def test_without_providers_there_is_no_reward_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(extensions, "_reward_providers", [])
+    assert "reward_preset" not in RunConfigForm().fields
+
+
+def test_a_malformed_reward_choice_names_its_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A provider returning the wrong shape fails loudly instead of silently losing the reward."""
+    monkeypatch.setattr(extensions, "_reward_providers", [])
+
+    def broken_provider() -> list[dict[str, Any]]:
+        return [{"label": "old shape", "reward": {"id": "x"}}]
+
+    extensions.register_reward_choices(broken_provider)
+    with pytest.raises(TypeError, match="broken_provider"):
+        RunConfigForm()

@@ -10,7 +10,7 @@ import redis
 from django.conf import settings
 
 from webapp.celery import app as celery_app
-from webapp.runs import queries, services
+from webapp.runs import lifecycle, queries, services
 from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus, Sample
 
 TINY = {
@@ -38,7 +38,7 @@ def queued_messages(queue: str) -> list[dict]:
 
 @pytest.mark.django_db(transaction=True)
 def test_launch_validates_saves_and_enqueues_after_commit(researcher, scratch_queue):
-    run = services.launch_run(TINY, user=researcher, tags="smoke, tiny,smoke", project="demo")
+    run = lifecycle.launch_run(TINY, user=researcher, tags="smoke, tiny,smoke", project="demo")
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
     assert run.tags == ["smoke", "tiny"]
@@ -61,7 +61,7 @@ def test_launch_validates_saves_and_enqueues_after_commit(researcher, scratch_qu
 def test_invalid_config_saves_nothing_and_names_fields(researcher, scratch_queue):
     bad = {**TINY, "train": {"n_iters": -1}, "rollout": {"temperature": 0}, "typo": 1}
     with pytest.raises(services.ConfigInvalid) as exc:
-        services.launch_run(bad, user=researcher)
+        lifecycle.launch_run(bad, user=researcher)
     fields = exc.value.field_errors
     assert set(fields) == {"train.n_iters", "rollout.temperature", "typo"}
     assert fields["typo"] == ["unknown key"]
@@ -119,7 +119,7 @@ def test_broker_down_keeps_run_as_retryable_draft(researcher, scratch_queue):
     celery_app.conf.broker_url = "redis://127.0.0.1:1/0"  # nothing listens on port 1
     try:
         with pytest.raises(services.BrokerUnavailable) as exc:
-            services.launch_run(TINY, user=researcher)
+            lifecycle.launch_run(TINY, user=researcher)
     finally:
         celery_app.conf.broker_url = good_url
     assert "broker" in str(exc.value)
@@ -127,7 +127,7 @@ def test_broker_down_keeps_run_as_retryable_draft(researcher, scratch_queue):
     assert run.status == RunStatus.DRAFT
     assert "Could not reach the task broker" in run.error
     # the broker is back: retry queues the same run, nothing lost
-    again = services.retry_run(run)
+    again = lifecycle.retry_run(run)
     assert again.pk == run.pk
     assert again.status == RunStatus.QUEUED and again.error == ""
     assert len(queued_messages(scratch_queue)) == 1
@@ -135,18 +135,18 @@ def test_broker_down_keeps_run_as_retryable_draft(researcher, scratch_queue):
 
 @pytest.mark.django_db(transaction=True)
 def test_cancel_queued_run_is_immediate_and_cancel_twice_is_an_error(researcher, scratch_queue):
-    run = services.launch_run(TINY, user=researcher)
-    run = services.cancel_run(run)
+    run = lifecycle.launch_run(TINY, user=researcher)
+    run = lifecycle.cancel_run(run)
     assert run.status == RunStatus.CANCELLED and run.cancel_requested
     with pytest.raises(services.InvalidState):
-        services.cancel_run(run)
+        lifecycle.cancel_run(run)
 
 
 @pytest.mark.django_db
 def test_cancel_running_run_sets_cooperative_flag(researcher):
     run = services.create_run(TINY, user=researcher)
     Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING)
-    run = services.cancel_run(run)
+    run = lifecycle.cancel_run(run)
     assert run.status == RunStatus.RUNNING and run.cancel_requested
 
 
@@ -159,31 +159,30 @@ def test_clone_retry_delete(researcher, scratch_queue):
     # a finished run with data is retried as a new run so curves never mix
     Run.objects.filter(pk=run.pk).update(status=RunStatus.FAILED, started_at=run.created)
     services.ingest_metrics(run.pk, [("train/kl", 0, 0.1)])
-    new = services.retry_run(run)
+    new = lifecycle.retry_run(run)
     assert new.pk != run.pk and new.cloned_from_id == run.pk and new.status == RunStatus.QUEUED
     with pytest.raises(services.InvalidState):
-        services.delete_run(new)  # queued: cancel first
-    services.delete_run(run)
+        lifecycle.delete_run(new)  # queued: cancel first
+    lifecycle.delete_run(run)
     assert not Run.objects.filter(pk=run.pk).exists()
     assert MetricPoint.objects.filter(run_id=run.pk).count() == 0
 
 
-@pytest.mark.django_db
-def test_resume_needs_a_checkpoint(researcher, tmp_path):
+@pytest.mark.django_db(transaction=True)
+def test_resume_needs_a_checkpoint(researcher, tmp_path, scratch_queue):
     run = services.create_run(TINY, user=researcher)
     Run.objects.filter(pk=run.pk).update(status=RunStatus.LOST, run_dir=str(tmp_path))
     with pytest.raises(services.InvalidState, match="no checkpoint"):
-        services.resume_run(run)
+        lifecycle.resume_run(run)
+    assert queued_messages(scratch_queue) == []
     Checkpoint.objects.create(run=run, step=1, path=str(tmp_path / "checkpoints" / "step-1"))
-    with pytest.MonkeyPatch.context() as mp:
-        published = []
-        mp.setattr(services, "_publish", published.append)
-        from django.db import transaction
-
-        with transaction.atomic():
-            services.resume_run(run)
+    lifecycle.resume_run(run)
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED and run.resume_from == str(tmp_path)
+    # published once, after commit, to the real broker, with the id the worker's claim will check
+    msgs = queued_messages(scratch_queue)
+    assert [m["headers"]["id"] for m in msgs] == [run.task_id]
+    assert msgs[0]["headers"]["task"] == "webapp.runs.tasks.execute_run"
 
 
 @pytest.mark.django_db
@@ -201,10 +200,10 @@ def test_mark_lost_runs_by_heartbeat_age_and_by_restarted_host(researcher):
     )
     Run.objects.filter(pk=fresh.pk).update(status=RunStatus.RUNNING, heartbeat_at=now, worker_host="w1")
     Run.objects.filter(pk=other_host.pk).update(status=RunStatus.RUNNING, heartbeat_at=now, worker_host="w2")
-    assert services.mark_lost_runs(older_than=60) == [old.pk]
+    assert lifecycle.mark_lost_runs(older_than=60) == [old.pk]
     assert Run.objects.get(pk=old.pk).status == RunStatus.LOST
     assert "heartbeat" in Run.objects.get(pk=old.pk).error
-    assert services.mark_lost_runs(worker_host="w1") == [fresh.pk]
+    assert lifecycle.mark_lost_runs(worker_host="w1") == [fresh.pk]
     assert Run.objects.get(pk=other_host.pk).status == RunStatus.RUNNING
 
 
@@ -255,10 +254,17 @@ def test_import_cli_run_directory(researcher, tmp_path, settings):
     s = Sample.objects.get(run=run)
     assert (s.split, s.generation, s.references) == ("validation", "3 4", ["3"])
     assert run.checkpoints.get().step == 2
-    # bad lines are reported with file and line
-    (d / "metrics.jsonl").write_text('{"step": 1, "a": 1}\n{oops\n')
+    # importing the same directory again returns the same run (one run per directory)
+    assert services.import_run_dir(str(d) + "/", user=researcher).pk == run.pk
+    assert Run.objects.count() == 1 and MetricPoint.objects.filter(run=run).count() == 7
+    # bad lines are reported with file and line, and nothing is imported
+    bad = tmp_path / "run-2"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps(TINY))
+    (bad / "metrics.jsonl").write_text('{"step": 1, "a": 1}\n{oops\n')
     with pytest.raises(services.ServiceError, match=r"metrics.jsonl: line 2"):
-        services.import_run_dir(d, user=researcher)
+        services.import_run_dir(bad, user=researcher)
+    assert Run.objects.count() == 1
     with pytest.raises(services.PathNotAllowed):
         services.import_run_dir("/etc", user=researcher)
 

@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from webapp.asgi import application
-from webapp.runs import queries, services
+from webapp.runs import lifecycle, queries, services
 from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,7 +77,7 @@ async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researc
     await comm.send_json_to({"type": "subscribe", "after": {}})
     while (await comm.receive_json_from(timeout=10))["type"] != "caught_up":
         pass
-    await database_sync_to_async(services.enqueue_run)(draft)
+    await database_sync_to_async(lifecycle.enqueue_run)(draft)
 
     seen: dict[str, list] = {"status": [], "metrics": [], "samples": [], "checkpoint": []}
     while True:
@@ -123,7 +123,7 @@ async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researc
 
 def test_crashing_run_is_failed_with_traceback(celery_worker, researcher, runs_dir, wait_for):
     missing = str(runs_dir / "no-such-model")  # allowed to launch (inside the roots), fails in the engine
-    run = services.launch_run(tiny(2, model={"name_or_path": missing}), user=researcher)
+    run = lifecycle.launch_run(tiny(2, model={"name_or_path": missing}), user=researcher)
     wait_for(lambda: status_of(run.pk) in ("failed", "succeeded"), timeout=120, what="run to fail")
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
@@ -133,9 +133,9 @@ def test_crashing_run_is_failed_with_traceback(celery_worker, researcher, runs_d
 
 
 def test_cancel_stops_a_running_run(celery_worker, researcher, wait_for):
-    run = services.launch_run(tiny(500), user=researcher)
+    run = lifecycle.launch_run(tiny(500), user=researcher)
     wait_for(lambda: MetricPoint.objects.filter(run_id=run.pk).exists(), timeout=180, what="first metrics")
-    services.cancel_run(run)
+    lifecycle.cancel_run(run)
     wait_for(lambda: status_of(run.pk) != RunStatus.RUNNING, timeout=120, what="run to stop")
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
@@ -147,7 +147,7 @@ def test_killed_worker_leaves_run_lost_and_it_resumes_from_its_checkpoint(
 ):
     worker = worker_factory()
     settings.CELERY_TASK_DEFAULT_QUEUE = worker.queue
-    run = services.launch_run(tiny(12), user=researcher)
+    run = lifecycle.launch_run(tiny(12), user=researcher)
     wait_for(lambda: Checkpoint.objects.filter(run_id=run.pk).exists(), timeout=180, what="a checkpoint")
     worker.kill()
     run.refresh_from_db()
@@ -159,7 +159,7 @@ def test_killed_worker_leaves_run_lost_and_it_resumes_from_its_checkpoint(
     run.refresh_from_db()
     assert worker.name in run.error and "heartbeat" in run.error and "resumed" in run.error
     # resume in place from the last checkpoint: the curves continue, no step is stored twice
-    services.resume_run(run)
+    lifecycle.resume_run(run)
     wait_for(lambda: status_of(run.pk) in ("succeeded", "failed"), timeout=240, what="resumed run to finish")
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.traceback

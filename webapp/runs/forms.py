@@ -10,18 +10,17 @@ widget they belong to.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from django import forms
-from django.conf import settings
 
 from engine import yamlio
 from engine.config import ConfigError, RunConfig, json_schema, parse_config
-from webapp.runs import queries
+from webapp.runs import extensions, paths, queries
+from webapp.runs.errors import PathNotAllowed
 
 SEP = "__"
 
@@ -197,21 +196,6 @@ def registry_ids(name: str) -> list[str]:
         return []
 
 
-def learned_reward_choices() -> list[dict[str, Any]]:
-    """Reward models trained from human judgments (annotation app), when that app is installed."""
-    try:
-        from annotation.services import reward_choices
-
-        choices = reward_choices()
-    except (ImportError, AttributeError):
-        return []
-    except Exception:  # noqa: BLE001 - the launch page must open even if that app's tables are missing
-        return []
-    return [
-        c for c in choices or [] if isinstance(c, dict) and "label" in c and isinstance(c.get("reward"), dict)
-    ]
-
-
 def list_presets() -> list[dict[str, str]]:
     """Presets from ``engine.presets`` as ``[{"name", "description"}]``; [] until that module exists."""
     try:
@@ -270,24 +254,34 @@ def _yaml_text(value: Any) -> str:
 class RunConfigForm(forms.Form):
     """The whole RunConfig as a flat form; ``self.config`` holds the validated RunConfig."""
 
-    def __init__(self, data: Any = None, initial_config: dict[str, Any] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        data: Any = None,
+        initial_config: dict[str, Any] | None = None,
+        reward_choice: str = "",
+        **kwargs: Any,
+    ):
         super().__init__(data, **kwargs)
         self.specs = schema_fields()
         self.config: RunConfig | None = None
-        self.learned_rewards = learned_reward_choices()
+        # Rewards other apps offer (e.g. reward models trained from human judgments), by choice id.
+        self.reward_choices = {c["id"]: c for c in extensions.reward_choices()}
         base = default_config()
         if initial_config:
             base = _deep_merge(base, initial_config)
         self.initial_config = base
         for spec in self.specs:
             self.fields[spec.name] = self._make_field(spec, get_path(base, spec.path))
-        if self.learned_rewards:
+        if self.reward_choices:
             self.fields["reward_preset"] = forms.ChoiceField(
                 required=False,
-                label="Learned reward model",
-                help_text="Use a reward model trained from human judgments; replaces the reward section.",
+                label="Reward choice",
+                help_text="A reward offered by another part of the app (e.g. a reward model trained from "
+                "human judgments); it replaces the reward fields below.",
+                initial=reward_choice if reward_choice in self.reward_choices else "",
                 choices=[("", "(none: use the reward below)")]
-                + [(str(i), c["label"]) for i, c in enumerate(self.learned_rewards)],
+                + [(cid, c["label"]) for cid, c in self.reward_choices.items()],
+                widget=forms.Select(attrs={"data-replaces-section": "reward"}),
             )
 
     # Widgets ---------------------------------------------------------------------------------
@@ -403,8 +397,8 @@ class RunConfigForm(forms.Form):
             if spec.name in cleaned:
                 set_path(out, spec.path, cleaned[spec.name])
         choice = cleaned.get("reward_preset")
-        if choice not in (None, ""):
-            out["reward"] = dict(self.learned_rewards[int(choice)]["reward"])
+        if choice:
+            out["reward"] = dict(self.reward_choices[choice]["config"])
         return out
 
     def loose_config_dict(self) -> dict[str, Any]:
@@ -420,8 +414,8 @@ class RunConfigForm(forms.Form):
                 value = self.data.get(self.add_prefix(spec.name))
             set_path(out, spec.path, value)
         choice = self.data.get(self.add_prefix("reward_preset"))
-        if choice not in (None, "") and str(choice).isdigit() and int(choice) < len(self.learned_rewards):
-            out["reward"] = dict(self.learned_rewards[int(choice)]["reward"])
+        if choice and choice in self.reward_choices:
+            out["reward"] = dict(self.reward_choices[choice]["config"])
         return out
 
     def clean(self) -> dict[str, Any]:
@@ -435,9 +429,9 @@ class RunConfigForm(forms.Form):
         out_dir = cleaned.get(SEP.join(["train", "output_dir"]))
         if out_dir and "train__output_dir" not in self.errors:
             try:
-                cleaned["train__output_dir"] = str(path_inside_roots(out_dir))
-            except forms.ValidationError as exc:
-                self.add_error("train__output_dir", exc)
+                cleaned["train__output_dir"] = str(paths.check_output_dir(out_dir))
+            except PathNotAllowed as exc:
+                self.add_error("train__output_dir", str(exc))
         # The engine validates even when some widgets failed, so that every error shows at once;
         # a widget that failed keeps its default here and its own error is not repeated.
         try:
@@ -584,25 +578,6 @@ class RunMetaForm(forms.Form):
         return list(dict.fromkeys(tags))
 
 
-def allowed_roots() -> list[Path]:
-    return [Path(p).resolve() for p in getattr(settings, "ALLOWED_ROOTS", [])]
-
-
-def path_inside_roots(raw: str) -> Path:
-    """Resolve a typed path (symlinks and '..' included) and require it inside an allowed root."""
-    p = Path(raw).expanduser()
-    if not p.is_absolute():
-        raise forms.ValidationError("give an absolute path")
-    resolved = p.resolve()
-    roots = allowed_roots()
-    if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
-        listing = ", ".join(str(r) for r in roots) or "(none configured)"
-        raise forms.ValidationError(
-            f"{resolved} is outside the allowed directories ({listing}); set GRUE_ALLOWED_ROOTS to allow more"
-        )
-    return resolved
-
-
 class ImportRunForm(forms.Form):
     """Import a run directory written by the engine's CLI (config.json + metrics.jsonl ...)."""
 
@@ -610,7 +585,13 @@ class ImportRunForm(forms.Form):
     tags = forms.CharField(required=False)
 
     def clean_path(self) -> Path:
-        resolved = path_inside_roots(self.cleaned_data["path"].strip())
+        raw = self.cleaned_data["path"].strip()
+        if not Path(raw).expanduser().is_absolute():
+            raise forms.ValidationError("give an absolute path")
+        try:
+            resolved = paths.check_path(raw)
+        except PathNotAllowed as exc:
+            raise forms.ValidationError(str(exc)) from None
         if not resolved.is_dir():
             raise forms.ValidationError(f"{resolved} is not a directory")
         if not (resolved / "config.json").exists() and not (resolved / "metrics.jsonl").exists():
@@ -622,7 +603,3 @@ class ImportRunForm(forms.Form):
     def clean_tags(self) -> list[str]:
         raw = self.cleaned_data.get("tags") or ""
         return [t.strip() for t in raw.split(",") if t.strip()]
-
-
-def config_json(config: dict[str, Any]) -> str:
-    return json.dumps(config, indent=2, sort_keys=False)

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
+from django.db.models import Q
 
 
 class Project(models.Model):
@@ -70,12 +71,17 @@ class Run(models.Model):
     eta_seconds = models.FloatField(null=True, blank=True)
     total_iters = models.IntegerField(null=True, blank=True)
     current_iter = models.IntegerField(null=True, blank=True)
+    # A run directory belongs to exactly one run (unique when set; stored resolved). ``run_dir_owned``:
+    # the worker created it for this run, the only case in which deleting the run may remove it.
     run_dir = models.CharField(max_length=1000, blank=True)
+    run_dir_owned = models.BooleanField(default=False)
     # Run directory whose last checkpoint the next execution continues from (resume in place).
     resume_from = models.CharField(max_length=1000, blank=True)
     cancel_requested = models.BooleanField(default=False)
     task_id = models.CharField(max_length=64, blank=True)
     attempts = models.IntegerField(default=0)
+    # Automatic resumes after a lost worker (webapp.watchdog), capped by GRUE_AUTO_RESUME_LIMIT.
+    auto_resumes = models.IntegerField(default=0)
     # Denormalised from config so the run table filters with plain indexed columns.
     algorithm = models.CharField(max_length=64, blank=True, db_index=True)
     task = models.CharField(max_length=128, blank=True, db_index=True)
@@ -87,6 +93,9 @@ class Run(models.Model):
     class Meta:
         ordering = ["-created", "-id"]
         indexes = [GinIndex(fields=["tags"], name="run_tags_gin")]
+        constraints = [
+            models.UniqueConstraint(fields=["run_dir"], condition=~Q(run_dir=""), name="run_dir_one_owner")
+        ]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"

@@ -13,6 +13,7 @@ urlpatterns = [
     path("compare/", views.compare, name="compare"),
     path("compare/metrics.<str:fmt>", views.compare_export, name="compare_export"),
     path("runs/<int:pk>/", views.run_detail, name="detail"),
+    path("runs/<int:pk>/actions/", views.run_actions, name="actions"),
     path("runs/<int:pk>/series.json", views.run_series, name="series"),
     path("runs/<int:pk>/metrics.<str:fmt>", views.run_metrics_export, name="export"),
     path("runs/<int:pk>/cancel/", views.run_cancel, name="cancel"),

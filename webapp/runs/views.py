@@ -1,7 +1,9 @@
 """Pages and JSON endpoints of the experiment manager.
 
-Views stay thin: they parse input with the forms in ``forms.py``, change state through
-``services`` and read through ``queries``. Every view requires a researcher (annotators are sent to
+Views stay thin: they parse input with the forms in ``forms.py``, change a run's status through
+``lifecycle`` (whose ``can_*`` checks also decide which buttons show), create and import through
+``services`` and read through ``queries``. Other apps add panels to the run page through
+``extensions``. Every view requires a researcher (annotators are sent to
 the annotation app by ``researcher_required``); every state change is a POST with CSRF.
 """
 
@@ -25,7 +27,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from engine.config import ConfigError, parse_config
 from webapp.access import researcher_required
-from webapp.runs import queries, services
+from webapp.runs import extensions, lifecycle, paths, queries, services
 from webapp.runs.forms import (
     ImportRunForm,
     RunConfigForm,
@@ -155,6 +157,7 @@ def launch(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         initial: dict[str, Any] | None = None
         preset = request.GET.get("preset", "")
+        reward_choice = request.GET.get("reward", "")
         errors: list[str] = []
         meta_initial: dict[str, Any] = {}
         if preset:
@@ -166,7 +169,7 @@ def launch(request: HttpRequest) -> HttpResponse:
             initial = dict(cloned_from.config)
             initial["name"] = f"{cloned_from.name} (clone)"
             meta_initial = {"tags": ", ".join(cloned_from.tags), "notes": cloned_from.notes}
-        form = RunConfigForm(initial_config=initial)
+        form = RunConfigForm(initial_config=initial, reward_choice=reward_choice)
         yaml_form = YamlConfigForm(initial={"config_yaml": dump_yaml(form.initial_config)})
         ctx = _launch_context(
             request, form, RunMetaForm(initial=meta_initial), yaml_form, "form", cloned_from, preset, errors
@@ -237,7 +240,7 @@ def _do_launch(
 ) -> HttpResponse | None:
     """Call the launch service; None when the config was refused (errors are on ``form``/messages)."""
     try:
-        run = services.launch_run(
+        run = lifecycle.launch_run(
             config,
             user=request.user,
             tags=meta.cleaned_data.get("tags") or [],
@@ -268,6 +271,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     logs = list(RunLog.objects.filter(run_id=run.pk).order_by("-id")[:LOG_TAIL])[::-1]
     checkpoints = list(Checkpoint.objects.filter(run_id=run.pk).order_by("step"))
     live = {
+        "actions_url": reverse("runs:actions", args=[run.pk]),
         "run_id": run.pk,
         "ws_path": f"/ws/runs/{run.pk}/",
         "series_url": reverse("runs:series", args=[run.pk]),
@@ -287,14 +291,19 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "checkpoints": checkpoints,
             "config_yaml": dump_yaml(_schema_ordered(run.config or {})),
             "live": live,
-            "can_cancel": run.status in (RunStatus.DRAFT, RunStatus.QUEUED, RunStatus.RUNNING),
-            "can_retry": run.status
-            in (RunStatus.DRAFT, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST, RunStatus.SUCCEEDED),
-            "can_resume": run.status in (RunStatus.FAILED, RunStatus.LOST, RunStatus.CANCELLED)
-            and bool(checkpoints),
-            "can_delete": run.status not in (RunStatus.QUEUED, RunStatus.RUNNING),
+            "actions": lifecycle.actions(run),
+            "panels": extensions.run_panels(request, run),
         },
     )
+
+
+@researcher_required
+@require_GET
+def run_actions(request: HttpRequest, pk: int) -> HttpResponse:
+    """The run page's buttons as an HTML fragment: the page swaps it in when a status message
+    arrives, so Resume or Retry shows up without a reload (``lifecycle.actions`` decides)."""
+    run = get_object_or_404(Run, pk=pk)
+    return render(request, "runs/_run_actions.html", {"run": run, "actions": lifecycle.actions(run)})
 
 
 def _schema_ordered(config: dict[str, Any]) -> dict[str, Any]:
@@ -381,7 +390,7 @@ def _service_call(request: HttpRequest, fn: Any, *args: Any, ok: str, **kwargs: 
 @require_POST
 def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=pk)
-    _service_call(request, services.cancel_run, run, ok=f"Cancel requested for run #{run.pk}.")
+    _service_call(request, lifecycle.cancel_run, run, ok=f"Cancel requested for run #{run.pk}.")
     return redirect("runs:detail", pk=run.pk)
 
 
@@ -389,7 +398,7 @@ def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=pk)
-    new = _service_call(request, services.retry_run, run, user=request.user, ok="Run queued again.")
+    new = _service_call(request, lifecycle.retry_run, run, user=request.user, ok="Run queued again.")
     return redirect("runs:detail", pk=(new or run).pk)
 
 
@@ -397,7 +406,7 @@ def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def run_resume(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=pk)
-    _service_call(request, services.resume_run, run, ok="Run resumes from its last checkpoint.")
+    _service_call(request, lifecycle.resume_run, run, ok="Run resumes from its last checkpoint.")
     return redirect("runs:detail", pk=run.pk)
 
 
@@ -417,15 +426,25 @@ def run_delete(request: HttpRequest, pk: int) -> HttpResponse:
         return render(
             request,
             "runs/run_confirm_delete.html",
-            {"run": run, "n_points": run.metric_points.count(), "n_samples": run.samples.count()},
+            {
+                "run": run,
+                "n_points": run.metric_points.count(),
+                "n_samples": run.samples.count(),
+                "files_kept_because": lifecycle.files_deletable(run),
+            },
         )
     delete_files = request.POST.get("delete_files") == "on"
     try:
-        services.delete_run(run, delete_files=delete_files)
+        kept = lifecycle.delete_run(run, delete_files=delete_files)
     except services.ServiceError as exc:
         messages.error(request, str(exc))
         return redirect("runs:detail", pk=run.pk)
-    messages.success(request, f"Run #{pk} deleted.")
+    if kept:
+        messages.warning(request, f"Run #{pk} deleted; its files were kept: {kept}.")
+    else:
+        messages.success(
+            request, f"Run #{pk} deleted" + (" with its run directory." if delete_files else ".")
+        )
     return redirect("runs:list")
 
 
@@ -524,6 +543,7 @@ def compare_export(request: HttpRequest, fmt: str) -> HttpResponse:
 def import_run(request: HttpRequest) -> HttpResponse:
     form = ImportRunForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
+        already = Run.objects.filter(run_dir=str(form.cleaned_data["path"])).first()
         try:
             run = services.import_run_dir(
                 form.cleaned_data["path"], user=request.user, tags=form.cleaned_data["tags"]
@@ -535,8 +555,9 @@ def import_run(request: HttpRequest) -> HttpResponse:
         except (OSError, ValueError) as exc:
             form.add_error("path", f"could not read the run directory: {exc}")
         else:
-            messages.success(request, f"Imported run #{run.pk}.")
+            if already is not None:
+                messages.info(request, f"{run.run_dir} is already run #{run.pk}; nothing was imported again.")
+            else:
+                messages.success(request, f"Imported run #{run.pk}.")
             return redirect("runs:detail", pk=run.pk)
-    from webapp.runs.forms import allowed_roots
-
-    return render(request, "runs/import.html", {"form": form, "roots": allowed_roots()})
+    return render(request, "runs/import.html", {"form": form, "roots": paths.allowed_roots()})
