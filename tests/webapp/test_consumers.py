@@ -1,6 +1,10 @@
-"""The run websocket through Channels' WebsocketCommunicator, on the real Redis channel layer.
+"""The run websocket through Channels' WebsocketCommunicator, on the real Redis channel layer, fed
+by the real recorder (its own thread and database connection).
 
 Consumers read the database from another thread, so these tests commit (transaction=True).
+Ordering is proven with an explicit barrier, never with sleeps: ``ping`` is answered with a ``pong``
+that carries how many live group messages the consumer has received on the connection, so
+"everything broadcast so far has been handled" is a condition the test waits for.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from webapp.asgi import application
-from webapp.runs import services
+from webapp.runs import consumers, lifecycle, services
 from webapp.runs.models import Run
-from webapp.runs.tasks import DbSink
+from webapp.runs.recorder import Recorder
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,36 +51,75 @@ async def _receive_until(comm: WebsocketCommunicator, kind: str, timeout: float 
             return out
 
 
+async def _barrier(comm: WebsocketCommunicator, live: int, timeout: float = 10) -> list[dict]:
+    """Ping until the consumer has handled ``live`` group messages; returns every message that
+    arrived before the final pong (so "nothing else was sent" is an exact assertion)."""
+    got: list[dict] = []
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        await comm.send_json_to({"type": "ping"})
+        msgs = await _receive_until(comm, "pong", timeout=timeout)
+        got.extend(msgs[:-1])
+        if msgs[-1]["live"] >= live:
+            assert msgs[-1]["live"] == live, msgs[-1]
+            return got
+        assert asyncio.get_running_loop().time() < deadline, f"consumer saw {msgs[-1]['live']} of {live}"
+
+
+def _flat(msgs: list[dict]) -> list[dict]:
+    """Batches unpacked, in order."""
+    out = []
+    for m in msgs:
+        out.extend(_flat(m["messages"]) if m["type"] == "batch" else [m])
+    return out
+
+
+def _points(msgs: list[dict]) -> list[dict]:
+    return [p for m in _flat(msgs) if m["type"] == "metrics" for p in m["points"]]
+
+
+async def _close_code(comm: WebsocketCommunicator, timeout: float = 10) -> int:
+    """Skip data frames until the server closes; the close code."""
+    while True:
+        out = await comm.receive_output(timeout=timeout)
+        if out["type"] == "websocket.close":
+            return out.get("code", 1000)
+
+
 def _new_run() -> Run:
     return Run.objects.create(name="live", config={}, status="running")
 
 
-async def test_rejects_anonymous_annotator_and_foreign_origin(researcher, annotator):
+async def test_refusals_reach_the_browser_as_close_codes(researcher, annotator):
     run = await database_sync_to_async(_new_run)()
-    for user, origin in (
-        (None, b"http://127.0.0.1"),
-        (annotator, b"http://127.0.0.1"),
-        (researcher, b"http://evil.example"),
-    ):
-        comm = await _connect(user, run.pk, origin)
-        connected, code = await comm.connect()
-        assert not connected, (user, origin)
-        await comm.disconnect()
+    # Accept-then-close: the browser sees 4403/4404 and stops retrying (a refused handshake has no code).
+    for user in (None, annotator):
+        comm = await _connect(user, run.pk)
+        connected, _ = await comm.connect()
+        assert connected
+        assert await _close_code(comm) == 4403, user
     comm = await _connect(researcher, run.pk + 999)
-    connected, code = await comm.connect()
-    assert not connected and code == 4404
-    comm = await _connect(researcher, run.pk)
+    assert (await comm.connect())[0]
+    assert await _close_code(comm) == 4404
+    # A foreign origin is refused at the handshake (cross-site websocket hijacking).
+    comm = await _connect(researcher, run.pk, b"http://evil.example")
     connected, _ = await comm.connect()
-    assert connected
+    assert not connected
+    comm = await _connect(researcher, run.pk)
+    assert (await comm.connect())[0]
     await comm.send_json_to({"type": "ping"})
-    assert await comm.receive_json_from() == {"type": "pong"}
+    assert await comm.receive_json_from() == {"type": "pong", "live": 0}
     await comm.disconnect()
 
 
 async def test_catch_up_from_cursor_then_live_without_gaps_or_duplicates(researcher):
     run = await database_sync_to_async(_new_run)()
-    sink = DbSink(run.pk)
-    store = database_sync_to_async(lambda step: sink.metrics(step, {"a": step, "b": -step}))
+    sink = Recorder(run.pk)
+
+    async def store(step: int) -> None:
+        sink.metrics(step, {"a": step, "b": -step})
+        await asyncio.to_thread(sink.flush)  # stored and broadcast: one flush, one group message
+
     for step in range(5):
         await store(step)
     first_ids = await database_sync_to_async(
@@ -89,21 +132,16 @@ async def test_catch_up_from_cursor_then_live_without_gaps_or_duplicates(researc
     await comm.send_json_to({"type": "subscribe", "after": {"metric_cursor": cursor}})
     msgs = await _receive_until(comm, "caught_up")
     assert msgs[0]["type"] == "status" and msgs[0]["status"] == "running"
-    caught = [p for m in msgs if m["type"] == "metrics" for p in m["points"]]
+    caught = _points(msgs)
     assert [p["id"] for p in caught] == first_ids[4:]
     assert msgs[-1]["metric_cursor"] == first_ids[-1]
 
-    # live: new points arrive; a replayed batch is stored once and not re-sent
+    # live: new points arrive; a replayed step is stored once and not re-sent (no broadcast at all)
     await store(5)
     await store(5)
     await store(6)
-    live = []
-    while len(live) < 4:
-        m = await comm.receive_json_from(timeout=10)
-        if m["type"] == "metrics":
-            live.extend(m["points"])
+    live = _points(await _barrier(comm, live=2))
     assert [(p["key"], p["step"]) for p in live] == [("a", 5), ("b", 5), ("a", 6), ("b", 6)]
-    assert await comm.receive_nothing(timeout=0.3)
     all_ids = [p["id"] for p in caught + live]
     assert len(all_ids) == len(set(all_ids)) and all_ids == sorted(all_ids)
     await comm.disconnect()
@@ -114,17 +152,33 @@ async def test_catch_up_from_cursor_then_live_without_gaps_or_duplicates(researc
     assert (await comm.connect())[0]
     await comm.send_json_to({"type": "subscribe", "after": {"metric_cursor": all_ids[-1]}})
     msgs = await _receive_until(comm, "caught_up")
-    again = [p for m in msgs if m["type"] == "metrics" for p in m["points"]]
+    again = _points(msgs)
     assert [(p["key"], p["step"], p["value"]) for p in again] == [("a", 7, 7.0), ("b", 7, -7.0)]
+    await comm.disconnect()
+    await asyncio.to_thread(sink.close)
+
+
+async def test_catch_up_of_more_than_one_chunk(researcher):
+    run = await database_sync_to_async(_new_run)()
+    n = consumers.CATCHUP_CHUNK * 2 + 123  # three pages of points
+    await database_sync_to_async(services.ingest_metrics)(run.pk, [("k", s, float(s)) for s in range(n)])
+    comm = await _connect(researcher, run.pk)
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "subscribe", "after": {}})
+    msgs = await _receive_until(comm, "caught_up", timeout=30)
+    pages = [m for m in msgs if m["type"] == "metrics"]
+    assert [len(m["points"]) for m in pages] == [consumers.CATCHUP_CHUNK, consumers.CATCHUP_CHUNK, 123]
+    steps = [p["step"] for p in _points(pages)]
+    assert steps == list(range(n))
+    assert msgs[-1]["metric_cursor"] == _points(pages)[-1]["id"]
     await comm.disconnect()
 
 
 async def test_samples_logs_and_status_are_streamed(researcher):
     run = await database_sync_to_async(_new_run)()
-    sink = DbSink(run.pk)
-    await database_sync_to_async(sink.samples)(
-        1, "train", [{"prompt": "<b>p</b>", "generation": "g", "reward": 1}]
-    )
+    sink = Recorder(run.pk)
+    sink.samples(1, "train", [{"prompt": "<b>p</b>", "generation": "g", "reward": 1}])
+    await asyncio.to_thread(sink.flush)
     comm = await _connect(researcher, run.pk)
     assert (await comm.connect())[0]
     await comm.send_json_to({"type": "subscribe", "after": {}})
@@ -132,31 +186,73 @@ async def test_samples_logs_and_status_are_streamed(researcher):
     rows = [r for m in msgs if m["type"] == "samples" for r in m["rows"]]
     assert [(r["prompt"], r["reward"]) for r in rows] == [("<b>p</b>", 1.0)]
 
-    await database_sync_to_async(sink.log)("hello\nworld")
-    m = await comm.receive_json_from(timeout=10)
-    assert m["type"] == "log" and [x["line"] for x in m["lines"]] == ["hello", "world"]
-    await database_sync_to_async(sink.progress)(3, 4, 12.5)
-    m = await comm.receive_json_from(timeout=10)
-    assert m["type"] == "status" and m["progress"] == 0.75 and m["eta_seconds"] == 12.5
-    await database_sync_to_async(services.cancel_run)(run)
+    sink.log("hello\nworld")
+    sink.progress(3, 4, 12.5)
+    await asyncio.to_thread(sink.flush)
+    flat = _flat(await _barrier(comm, live=1))
+    assert [m["type"] for m in flat] == ["log", "status"]
+    assert [x["line"] for x in flat[0]["lines"]] == ["hello", "world"]
+    assert flat[1]["progress"] == 0.75 and flat[1]["eta_seconds"] == 12.5
+    await database_sync_to_async(lifecycle.cancel_run)(run)
     m = await comm.receive_json_from(timeout=10)
     assert m["type"] == "status" and m["cancel_requested"] is True
     await comm.disconnect()
+    await asyncio.to_thread(sink.close)
 
 
 async def test_messages_before_subscribe_are_not_lost(researcher):
     run = await database_sync_to_async(_new_run)()
-    sink = DbSink(run.pk)
+    sink = Recorder(run.pk)
     comm = await _connect(researcher, run.pk)
     assert (await comm.connect())[0]
-    await database_sync_to_async(lambda: sink.metrics(0, {"x": 1.0}))()  # broadcast before subscribe
-    await asyncio.sleep(0)  # let the group message reach the consumer
+    sink.metrics(0, {"x": 1.0})
+    await asyncio.to_thread(sink.flush)
+    # The broadcast has reached the consumer (and was held back: not subscribed yet) ...
+    assert await _barrier(comm, live=1) == []
+    # ... and the subscription's catch-up reads the point from the database, exactly once.
     await comm.send_json_to({"type": "subscribe", "after": {"metric_cursor": 0}})
     msgs = await _receive_until(comm, "caught_up")
-    got = [p for m in msgs if m["type"] == "metrics" for p in m["points"]]
-    assert [(p["key"], p["value"]) for p in got] == [("x", 1.0)]
-    assert await comm.receive_nothing(timeout=0.3)
+    assert [(p["key"], p["value"]) for p in _points(msgs)] == [("x", 1.0)]
+    assert await _barrier(comm, live=1) == []
     await comm.disconnect()
+    await asyncio.to_thread(sink.close)
+
+
+async def test_a_second_subscribe_is_refused(researcher):
+    run = await database_sync_to_async(_new_run)()
+    comm = await _connect(researcher, run.pk)
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "subscribe", "after": {}})
+    await _receive_until(comm, "caught_up")
+    await comm.send_json_to({"type": "subscribe", "after": {}})  # would repeat the full catch-up
+    msg = await comm.receive_json_from(timeout=10)
+    assert msg["type"] == "error" and "already subscribed" in msg["error"]
+    assert await _close_code(comm) == 4409
+
+
+@pytest.mark.parametrize("how", ["logout", "demoted"])
+async def test_a_logged_out_or_demoted_user_stops_streaming(researcher, monkeypatch, how):
+    from django.contrib.auth.models import Group
+    from django.contrib.sessions.models import Session
+
+    monkeypatch.setattr(consumers, "RECHECK_SECONDS", 0.2)
+    run = await database_sync_to_async(_new_run)()
+    sink = Recorder(run.pk)
+    comm = await _connect(researcher, run.pk)
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "subscribe", "after": {}})
+    await _receive_until(comm, "caught_up")
+    sink.metrics(0, {"x": 0.0})
+    await asyncio.to_thread(sink.flush)
+    assert [p["step"] for p in _points(await _barrier(comm, live=1))] == [0]
+
+    if how == "logout":  # logging out deletes the session row (this user has only this session)
+        await database_sync_to_async(lambda: Session.objects.all().delete())()
+    else:
+        await database_sync_to_async(lambda: researcher.groups.remove(Group.objects.get(name="researcher")))()
+    # The periodic re-check closes the socket with 4403: the page stops and says why.
+    assert await _close_code(comm) == 4403
+    await asyncio.to_thread(sink.close)
 
 
 async def test_subscribe_reveals_a_run_whose_worker_stopped_heartbeating(researcher):

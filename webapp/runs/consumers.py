@@ -1,149 +1,178 @@
-"""Live updates of one run over a websocket (protocol in docs/platform.md).
+"""Live updates of one run over a websocket; the messages are defined in ``webapp.runs.protocol``.
 
-Client → server:
-  {"type": "subscribe", "after": {"metric_cursor": 0, "sample_cursor": 0, "log_cursor": 0}}
-  {"type": "ping"}
-Server → client:
-  {"type": "status", "status", "progress", "eta_seconds", "current_iter", "total_iters", "phase", "error", ...}
-  {"type": "metrics", "points": [{"id", "key", "step", "value"}, ...]}
-  {"type": "samples", "rows": [{"id", "step", "split", "sample_id", "prompt", "generation", "references",
-                                "reward", "metrics"}, ...]}
-  {"type": "log", "lines": [{"id", "line", "time"}, ...]}
-  {"type": "checkpoint", "step", "path"}
-  {"type": "caught_up", "metric_cursor", "sample_cursor", "log_cursor"}
-  {"type": "pong"}
+No gaps, no duplicates: the consumer joins the group at connect, before reading the catch-up from
+the database; rows are stored before they are broadcast, so anything broadcast after the read has a
+larger id than the cursor and anything before it is in the read. Live messages with ids at or below
+the cursor are dropped (``protocol.after_cursors``).
 
-No gaps, no duplicates: the consumer joins the group at connect, before reading the catch-up
-from the database; rows are stored before they are broadcast, so anything broadcast after the
-read has a larger id than the cursor and anything before it is in the read. Live messages with
-ids at or below the cursor are dropped.
+Refusals are sent after accepting the handshake (accept-then-close), because a browser only sees the
+close code of an accepted websocket: 4403 (not allowed, or the session ended / the role was removed:
+re-checked every ``RECHECK_SECONDS`` and before live data after that), 4404 (no such run), 4409 (a
+second ``subscribe``: one full catch-up per connection). A channel layer that does not answer within
+``LAYER_TIMEOUT`` gets the client an error message and close code 1011, and the page retries.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import time
+from importlib import import_module
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.utils.crypto import constant_time_compare
 
 from webapp.access import is_researcher
-from webapp.runs.models import group_name
+from webapp.runs import lifecycle, protocol, queries
+from webapp.runs.models import Run, group_name
+
+log = logging.getLogger(__name__)
 
 CATCHUP_CHUNK = 5000
+SAMPLE_CHUNK = 500
+LOG_CHUNK = 1000
+# How often an open socket re-checks that its session is still logged in as a researcher.
+RECHECK_SECONDS = float(os.environ.get("GRUE_WS_RECHECK_S", "30"))
+LAYER_TIMEOUT = float(os.environ.get("GRUE_BROADCAST_TIMEOUT", "1.0")) * 3
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
-        user = self.scope.get("user")
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        self.group = None
+        self.subscribed = False
+        self.live_received = 0
+        self.cursors = dict.fromkeys(protocol.CURSOR_NAMES, 0)
+        self._recheck_task: asyncio.Task | None = None
+        user = self.scope.get("user")
+        session = self.scope.get("session")
+        self.user_id = getattr(user, "pk", None)
+        self.session_key = getattr(session, "session_key", None)
         allowed = await database_sync_to_async(_allowed)(user, self.run_id)
+        await self.accept()  # accept first: a browser only sees the close code of an accepted socket
         if allowed is None:
-            await self.close(code=4403)
+            await self.close(code=protocol.CLOSE_FORBIDDEN)
             return
         if allowed is False:
-            await self.close(code=4404)
+            await self.close(code=protocol.CLOSE_NOT_FOUND)
+            return
+        try:
+            await asyncio.wait_for(
+                self.channel_layer.group_add(group_name(self.run_id), self.channel_name), LAYER_TIMEOUT
+            )
+        except Exception as exc:  # noqa: BLE001 - Redis down or hung: say so; the page retries
+            log.warning("live updates of run %s unavailable: %s: %s", self.run_id, type(exc).__name__, exc)
+            await self.send_json(protocol.error_message("live updates unavailable"))
+            await self.close(code=1011)
             return
         self.group = group_name(self.run_id)
-        self.subscribed = False
-        self.cursors = {"metric_cursor": 0, "sample_cursor": 0, "log_cursor": 0}
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
+        self._checked_at = time.monotonic()
+        self._recheck_task = asyncio.ensure_future(self._recheck_loop())
 
     async def disconnect(self, code: int) -> None:
-        group = getattr(self, "group", None)
-        if group:
-            await self.channel_layer.group_discard(group, self.channel_name)
+        if self._recheck_task is not None:
+            self._recheck_task.cancel()
+        if self.group:
+            try:
+                await asyncio.wait_for(
+                    self.channel_layer.group_discard(self.group, self.channel_name), LAYER_TIMEOUT
+                )
+            except Exception:  # noqa: BLE001 - the group entry expires on its own
+                log.warning("leaving the live group of run %s failed", self.run_id, exc_info=True)
 
+    # ------------------------------------------------------------------ session re-check
+    async def _recheck_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RECHECK_SECONDS)
+            if not await self._still_allowed():
+                return
+
+    async def _still_allowed(self) -> bool:
+        ok = await database_sync_to_async(_session_still_allowed)(self.session_key, self.user_id)
+        self._checked_at = time.monotonic()
+        if not ok:
+            self.subscribed = False  # nothing more reaches this socket
+            await self.close(code=protocol.CLOSE_FORBIDDEN)
+        return ok
+
+    # ------------------------------------------------------------------ client messages
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if not isinstance(content, dict):
-            await self.send_json({"type": "error", "error": "expected a JSON object"})
+            await self.send_json(protocol.error_message("expected a JSON object"))
             return
         kind = content.get("type")
         if kind == "subscribe":
-            after = content.get("after") or {}
-            if not isinstance(after, dict):
-                after = {}
-            for name in self.cursors:
-                try:
-                    self.cursors[name] = max(0, int(after.get(name) or 0))
-                except (TypeError, ValueError):
-                    self.cursors[name] = 0
+            if self.subscribed:
+                await self.send_json(protocol.error_message("already subscribed on this connection"))
+                await self.close(code=protocol.CLOSE_RESUBSCRIBE)
+                return
+            self.subscribed = True  # live messages queue behind the catch-up (one task per consumer)
+            self.cursors = protocol.parse_cursors(content.get("after"))
             await self._catch_up()
-            self.subscribed = True
         elif kind == "ping":
-            await self.send_json({"type": "pong"})
+            await self.send_json({**protocol.pong_message(), "live": self.live_received})
         else:
-            await self.send_json({"type": "error", "error": f"unknown message type {kind!r}"})
+            await self.send_json(protocol.error_message(f"unknown message type {kind!r}"))
 
     async def _catch_up(self) -> None:
-        from webapp.runs import queries, services
-
-        await database_sync_to_async(services.mark_lost_runs)(run_ids=[self.run_id])
+        await database_sync_to_async(lifecycle.mark_lost_runs)(run_ids=[self.run_id])
         status = await database_sync_to_async(queries.run_status_message)(self.run_id)
         if status is not None:
             await self.send_json(status)
-        while True:
-            points = await database_sync_to_async(queries.metrics_after)(
-                self.run_id, self.cursors["metric_cursor"], limit=CATCHUP_CHUNK
-            )
-            if not points:
-                break
-            self.cursors["metric_cursor"] = points[-1]["id"]
-            await self.send_json({"type": "metrics", "points": points})
-            if len(points) < CATCHUP_CHUNK:
-                break
-        while True:
-            rows = await database_sync_to_async(queries.samples_after)(
-                self.run_id, self.cursors["sample_cursor"], limit=500
-            )
-            if not rows:
-                break
-            self.cursors["sample_cursor"] = rows[-1]["id"]
-            await self.send_json({"type": "samples", "rows": rows})
-            if len(rows) < 500:
-                break
-        lines = await database_sync_to_async(queries.logs_after)(
-            self.run_id, self.cursors["log_cursor"], limit=1000
-        )
-        if lines:
-            self.cursors["log_cursor"] = lines[-1]["id"]
-            await self.send_json({"type": "log", "lines": lines})
-        await self.send_json({"type": "caught_up", **self.cursors})
+        for read, field, cursor, chunk in (
+            (queries.metrics_after, "points", "metric_cursor", CATCHUP_CHUNK),
+            (queries.samples_after, "rows", "sample_cursor", SAMPLE_CHUNK),
+            (queries.logs_after, "lines", "log_cursor", LOG_CHUNK),
+        ):
+            kind = {"points": "metrics", "rows": "samples", "lines": "log"}[field]
+            while True:
+                rows = await database_sync_to_async(read)(self.run_id, self.cursors[cursor], limit=chunk)
+                if not rows:
+                    break
+                self.cursors[cursor] = rows[-1]["id"]
+                await self.send_json({"type": kind, field: rows})
+                if len(rows) < chunk:
+                    break
+        await self.send_json(protocol.caught_up_message(self.cursors))
 
+    # ------------------------------------------------------------------ group messages
     async def run_message(self, event: dict[str, Any]) -> None:
-        """A message broadcast to the run's group (see ``webapp.runs.broadcast``)."""
+        """A message broadcast to the run's group (the recorder, lifecycle changes)."""
+        self.live_received += 1
         if not self.subscribed:
             return  # the subscription's catch-up will read it from the database
-        msg = event["message"]
-        kind = msg.get("type")
-        if kind == "metrics":
-            cur = self.cursors["metric_cursor"]
-            points = [p for p in msg.get("points", []) if p["id"] > cur]
-            if not points:
-                return
-            self.cursors["metric_cursor"] = max(p["id"] for p in points)
-            msg = {**msg, "points": points}
-        elif kind == "samples":
-            cur = self.cursors["sample_cursor"]
-            rows = [r for r in msg.get("rows", []) if r["id"] > cur]
-            if not rows:
-                return
-            self.cursors["sample_cursor"] = max(r["id"] for r in rows)
-            msg = {**msg, "rows": rows}
-        elif kind == "log":
-            cur = self.cursors["log_cursor"]
-            lines = [r for r in msg.get("lines", []) if r["id"] > cur]
-            if not lines:
-                return
-            self.cursors["log_cursor"] = max(r["id"] for r in lines)
-            msg = {**msg, "lines": lines}
-        await self.send_json(msg)
+        if time.monotonic() - self._checked_at > RECHECK_SECONDS and not await self._still_allowed():
+            return
+        msg = protocol.after_cursors(event["message"], self.cursors)
+        if msg is not None:
+            await self.send_json(msg)
 
 
 def _allowed(user: Any, run_id: int) -> bool | None:
     """None: not authenticated/not a researcher; False: no such run; True: ok."""
     if user is None or not is_researcher(user):
         return None
-    from webapp.runs.models import Run
-
     return Run.objects.filter(pk=run_id).exists()
+
+
+def _session_still_allowed(session_key: str | None, user_id: int | None) -> bool:
+    """The session is still stored, still logged in as the same user (same password), and that
+    user is still an active researcher."""
+    if not session_key or user_id is None:
+        return False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    data = store.load()  # {} when deleted (logout) or expired
+    if str(data.get(SESSION_KEY)) != str(user_id):
+        return False
+    user = get_user_model().objects.filter(pk=user_id).first()
+    if user is None or not user.is_active:
+        return False
+    session_hash = data.get(HASH_SESSION_KEY)
+    if not session_hash or not constant_time_compare(session_hash, user.get_session_auth_hash()):
+        return False  # the password changed: Django ends every session of the user
+    return is_researcher(user)

@@ -114,6 +114,16 @@
       document.querySelectorAll("[data-show]").forEach((el) => {
         el.hidden = msg.status === "draft" ? false : (el.dataset.show === "active" ? finished : !finished);
       });
+      // The server decides which buttons apply (lifecycle.can_*): swap in its fragment when the
+      // status changes, so e.g. Resume appears after a cancel without a reload.
+      const actionsKey = msg.status + ":" + Boolean(msg.cancel_requested);
+      if (cfg.actions_url && actionsKey !== state.actionsKey) {
+        state.actionsKey = actionsKey;
+        fetch(cfg.actions_url, { credentials: "same-origin" })
+          .then((r) => (r.ok ? r.text() : Promise.reject(new Error("HTTP " + r.status))))
+          .then((html) => { document.getElementById("run-actions").innerHTML = html; })
+          .catch(() => {}); // the data-show toggling above stays in effect
+      }
     }
   }
 
@@ -175,7 +185,6 @@
     const ws = new WebSocket(scheme + location.host + cfg.ws_path);
     state.ws = ws;
     ws.onopen = () => {
-      state.attempts = 0;
       // The cursor goes with every (re)connect: the server replays only what we have not seen.
       ws.send(JSON.stringify({ type: "subscribe", after: {
         metric_cursor: state.metricCursor, sample_cursor: state.sampleCursor, log_cursor: state.logCursor } }));
@@ -185,25 +194,40 @@
       let msg;
       try { msg = JSON.parse(ev.data); } catch (e) { return; }
       state.messages += 1;
-      switch (msg.type) {
-        case "status": setStatus(msg); break;
-        case "metrics": applyPoints(msg.points || []); break;
-        case "samples": addSamples(msg.rows || []); break;
-        case "log": addLogs(msg.lines || []); break;
-        case "checkpoint": addCheckpoint(msg); break;
-        case "caught_up": state.connected = true; wsState("live", "live"); break;
-        default: break;
-      }
+      handle(msg);
     };
     ws.onclose = (ev) => {
       state.connected = false;
       state.ws = null;
-      if (ev.code === 4403 || ev.code === 4404) { wsState("not allowed", "down"); return; }
-      const delay = Math.min(10000, 500 * Math.pow(2, state.attempts)) * (0.75 + Math.random() * 0.5);
+      // Refusals (protocol.py close codes): retrying cannot help, so stop and say why.
+      const final = FINAL_CLOSE[ev.code];
+      if (final) { state.stopped = final; wsState(final, "down"); return; }
+      // Anything else (server restart, Redis down or hung, network): retry with backoff.
+      const delay = Math.min(30000, 1000 * Math.pow(2, state.attempts)) * (0.75 + Math.random() * 0.5);
       state.attempts += 1;
-      wsState("reconnecting in " + Math.round(delay / 1000) + "s…", "down");
+      state.retryIn = delay;
+      wsState("live updates unavailable, retrying in " + Math.round(delay / 1000) + "s…", "down");
       setTimeout(connect, delay);
     };
+  }
+
+  const FINAL_CLOSE = {
+    4403: "live updates stopped: not allowed (log in again as a researcher)",
+    4404: "live updates stopped: this run no longer exists",
+    4409: "live updates stopped: duplicate subscription",
+  };
+
+  function handle(msg) {
+    switch (msg.type) {
+      case "batch": (msg.messages || []).forEach(handle); break; // one recorder flush, in order
+      case "status": setStatus(msg); break;
+      case "metrics": applyPoints(msg.points || []); break;
+      case "samples": addSamples(msg.rows || []); break;
+      case "log": addLogs(msg.lines || []); break;
+      case "checkpoint": addCheckpoint(msg); break;
+      case "caught_up": state.connected = true; state.attempts = 0; wsState("live", "live"); break;
+      default: break;
+    }
   }
 
   if (slider) {
