@@ -1,4 +1,8 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels with session auth."""
+"""ASGI entry point: HTTP through Django, websockets through Channels with session auth.
+
+HTTP bodies over ``GRUE_MAX_REQUEST_BYTES`` are refused with 413 before Django reads them
+(``webapp.limits.AsgiBodyLimit``); run it with ``python -m webapp.server`` so daphne itself does
+not buffer an oversized body either."""
 
 import os
 
@@ -12,11 +16,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from webapp.limits import AsgiBodyLimit  # noqa: E402
 from webapp.runs.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": AsgiBodyLimit(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

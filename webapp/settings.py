@@ -3,8 +3,11 @@
 Environment variables (see docs/platform.md):
   DATABASE_URL       postgres://user:pass@host:port/db  (``manage.py up`` starts an embedded one when unset)
   REDIS_URL          redis://host:port/db                (broker, result backend and Channels layer)
-  SECRET_KEY         required when DEBUG is off; a per-data-dir key is generated for development
-  DEBUG              1/0 (default 1 for development)
+  SECRET_KEY         set it in production; otherwise a random key is kept in <data dir>/secret_key (0600)
+  DEBUG              1/0 (default 0; ``manage.py up --debug`` turns it on, loopback binds only)
+  GRUE_HTTPS         1 behind TLS: secure cookies, HSTS, SSL redirect (see docs/deploy.md#security)
+  GRUE_TRUST_PROXY   1 behind the deploy/ reverse proxy: X-Forwarded-Proto/-For are believed
+  GRUE_MAX_REQUEST_BYTES  largest request body accepted, refused before buffering (default 64 MiB)
   ALLOWED_HOSTS      comma-separated (default localhost,127.0.0.1,[::1],testserver)
   GRUE_DATA_DIR      data directory (default ./var): embedded services, run directories, secret key
   GRUE_ALLOWED_ROOTS colon-separated directories that file paths typed into forms must stay inside
@@ -16,10 +19,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import secrets
 from pathlib import Path
 
 import dj_database_url
+
+from webapp.private import ensure_private_dir, read_or_create_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -42,27 +46,17 @@ def _module_exists(name: str) -> bool:
 DATA_DIR = Path(os.environ.get("GRUE_DATA_DIR") or (BASE_DIR / "var")).resolve()
 RUNS_DIR = Path(os.environ.get("GRUE_RUNS_DIR") or (DATA_DIR / "runs")).resolve()
 
-DEBUG = _env_bool("DEBUG", True)
+# Off unless explicitly enabled: a forgotten variable must not show settings and tracebacks.
+DEBUG = _env_bool("DEBUG", False)
 
 
 def _secret_key() -> str:
     key = os.environ.get("SECRET_KEY")
     if key:
         return key
-    if not DEBUG:
-        raise RuntimeError("SECRET_KEY must be set when DEBUG is off")
-    # Development: one random key per data directory, so sessions survive restarts.
-    path = DATA_DIR / "secret_key"
-    try:
-        if path.exists():
-            return path.read_text().strip()
-        DATA_DIR.mkdir(parents=True, exist_ok=True)
-        key = secrets.token_urlsafe(50)
-        path.write_text(key)
-        path.chmod(0o600)
-        return key
-    except OSError:
-        return "dev-insecure-" + secrets.token_urlsafe(20)
+    # One random key per data directory, so sessions survive restarts of `up`.
+    ensure_private_dir(DATA_DIR)
+    return read_or_create_secret(DATA_DIR / "secret_key")
 
 
 SECRET_KEY = _secret_key()
@@ -79,8 +73,6 @@ ALLOWED_ROOTS = [
     if p.strip()
 ]
 
-OPTIONAL_APPS = [name for name in ("annotation", "webapp.grue") if _module_exists(name)]
-
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -92,12 +84,15 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "channels",
     "webapp.runs",
-    *OPTIONAL_APPS,
+    "annotation",
+    "webapp.grue",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "webapp.security.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "webapp.security.LoginThrottleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -118,6 +113,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "webapp.access.role_context",
+                "webapp.security.csp_context",
             ],
         },
     },
@@ -155,7 +151,12 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": CHANNEL_PREFIX,
-        "OPTIONS": {"socket_timeout": 2, "socket_connect_timeout": 2},
+        # JSON, never pickle: a value planted in Redis must not run code in the web server or a worker.
+        "OPTIONS": {
+            "socket_timeout": 2,
+            "socket_connect_timeout": 2,
+            "serializer": "webapp.security.JsonSerializer",
+        },
     }
 }
 
@@ -181,13 +182,34 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # heartbeat for LOST_AFTER is marked lost.
 GRUE_HEARTBEAT_INTERVAL = float(os.environ.get("GRUE_HEARTBEAT_INTERVAL", "5"))
 GRUE_LOST_AFTER = float(os.environ.get("GRUE_LOST_AFTER", "60"))
+# The run watchdog (webapp.watchdog; `manage.py watch_runs`, started by `up`) sweeps every
+# GRUE_WATCH_INTERVAL seconds in a process of its own, so detection never waits for a free worker,
+# and resumes lost runs from their last checkpoint up to GRUE_AUTO_RESUME_LIMIT times.
+GRUE_WATCH_INTERVAL = float(os.environ.get("GRUE_WATCH_INTERVAL", "10"))
+GRUE_AUTO_RESUME = _env_bool("GRUE_AUTO_RESUME", True)
+GRUE_AUTO_RESUME_LIMIT = int(os.environ.get("GRUE_AUTO_RESUME_LIMIT", "3"))
+# For deployments that prefer celery beat to `watch_runs`: the check goes to its own queue, which a
+# small worker (`celery -A webapp worker -Q control --concurrency 1`) consumes beside the trainers.
+GRUE_CONTROL_QUEUE = os.environ.get("GRUE_CONTROL_QUEUE", "control")
+CELERY_TASK_ROUTES = {"webapp.runs.tasks.mark_lost_runs": {"queue": GRUE_CONTROL_QUEUE}}
 CELERY_BEAT_SCHEDULE = {
-    "mark-lost-runs": {"task": "webapp.runs.tasks.mark_lost_runs", "schedule": 30.0},
+    "mark-lost-runs": {
+        "task": "webapp.runs.tasks.mark_lost_runs",
+        "schedule": GRUE_WATCH_INTERVAL,
+        "options": {"queue": GRUE_CONTROL_QUEUE, "expires": GRUE_WATCH_INTERVAL * 3},
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 8}},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Login throttle (webapp.security): this many failures per username + client address within the
+# window (seconds) refuse further attempts with 429 until the window has passed.
+GRUE_LOGIN_MAX_FAILURES = int(os.environ.get("GRUE_LOGIN_MAX_FAILURES", "5"))
+GRUE_LOGIN_WINDOW = int(os.environ.get("GRUE_LOGIN_WINDOW", "900"))
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -201,13 +223,40 @@ STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "webapp" / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
+# Request size (issue 14 item 4): bodies over GRUE_MAX_REQUEST_BYTES are refused with 413 before
+# they are buffered (webapp.limits, in daphne and as ASGI/WSGI middleware); form fields over
+# DATA_UPLOAD_MAX_MEMORY_SIZE are refused by Django; uploaded files over FILE_UPLOAD_MAX_MEMORY_SIZE
+# are streamed to temporary files instead of memory.
+GRUE_MAX_REQUEST_BYTES = int(os.environ.get("GRUE_MAX_REQUEST_BYTES", str(64 * 1024 * 1024)))
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("GRUE_MAX_FORM_BYTES", str(5 * 1024 * 1024)))
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 2000
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+FILE_UPLOAD_PERMISSIONS = 0o600
+FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
+
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
-if not DEBUG:
-    SESSION_COOKIE_SECURE = _env_bool("SECURE_COOKIES", True)
-    CSRF_COOKIE_SECURE = _env_bool("SECURE_COOKIES", True)
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+
+# Production behind TLS (docs/deploy.md#security): GRUE_HTTPS=1 turns on secure cookies, HSTS and
+# the redirect to https; GRUE_TRUST_PROXY=1 makes Django believe the proxy's X-Forwarded-Proto
+# (only set it when a proxy that overwrites that header is the only way in).
+GRUE_HTTPS = _env_bool("GRUE_HTTPS", False)
+GRUE_TRUST_PROXY = _env_bool("GRUE_TRUST_PROXY", False)
+SESSION_COOKIE_SECURE = _env_bool("SECURE_COOKIES", GRUE_HTTPS)
+CSRF_COOKIE_SECURE = _env_bool("SECURE_COOKIES", GRUE_HTTPS)
+if GRUE_HTTPS:
+    SECURE_SSL_REDIRECT = _env_bool("GRUE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = int(os.environ.get("GRUE_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("GRUE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = _env_bool("GRUE_HSTS_PRELOAD", False)
+if GRUE_TRUST_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Submitting a domain to the browsers' HSTS preload list is a decision for its owner, not a default.
+SILENCED_SYSTEM_CHECKS = [] if _env_bool("GRUE_HSTS_PRELOAD", False) else ["security.W021"]
 
 LOGGING = {
     "version": 1,

@@ -1,5 +1,7 @@
 """``python manage.py up`` on a machine without PostgreSQL/Redis URLs: embedded services start,
-the site serves and accepts the admin login, Ctrl-C stops every child, a second ``up`` finds its data."""
+the site serves and accepts the admin login, Ctrl-C stops every child, a second ``up`` finds its data.
+``up`` supervises: a SIGKILLed worker, Redis or PostgreSQL comes back while the web keeps answering,
+and no process it started survives it. Files it creates are private to its user."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -92,7 +96,7 @@ def _up_twice(data_dir: Path, wait_for) -> None:
         assert "admin account created: boss" in text
         children = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
-        assert "daphne" in names and "celery" in names
+        assert "webapp.server" in names and "celery" in names and "watch_runs" in names
         home = _login(port)
         assert "Log out" in home and "boss" in home
         services = (data_dir / "services.json").read_text()
@@ -121,3 +125,128 @@ def _up_twice(data_dir: Path, wait_for) -> None:
         _stop(proc)
     assert proc.returncode == 0
     assert not (data_dir / "postgres" / "postmaster.pid").exists()
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _status(port: int) -> int:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=30).status
+    except OSError:
+        return 0
+
+
+def _child(proc: subprocess.Popen, needle: str) -> psutil.Process | None:
+    for c in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if needle in " ".join(c.cmdline()):
+                return c
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def test_up_restarts_killed_children_and_services_and_leaves_no_orphans(wait_for):
+    base = Path(tempfile.mkdtemp(prefix="grue-up-test-"))
+    data_dir = base / "var"
+    port = _free_port()
+    proc, out = _start_up(data_dir, port)
+    seen: list[psutil.Process] = []
+    try:
+        wait_for(
+            lambda: "GRUE Studio is up" in out.read_text() or proc.poll() is not None,
+            timeout=240,
+            interval=0.3,
+            what="up to start",
+        )
+        assert proc.poll() is None, out.read_text()
+        seen += psutil.Process(proc.pid).children(recursive=True)
+
+        # Private files (umask 077, secret key and passwords 0600, data and log dirs not listable).
+        assert _mode(data_dir) & 0o066 == 0
+        for d in ("logs", "redis", "secrets"):
+            assert _mode(data_dir / d) == 0o700, d
+        for f in (
+            "secret_key",
+            "services.json",
+            "redis/password",
+            "redis/redis.conf",
+            "redis/appendonly.aof",
+        ):
+            assert _mode(data_dir / f) == 0o600, f
+        for log in (data_dir / "logs").iterdir():
+            assert _mode(log) == 0o600, log
+        assert "rename-command CONFIG" in (data_dir / "redis" / "redis.conf").read_text()
+        assert "grue_app" in (data_dir / "services.json").read_text()
+
+        # SIGKILL the worker: the web keeps answering, a new worker process comes up.
+        worker = _child(proc, "celery")
+        worker.kill()
+        wait_for(
+            lambda: (w := _child(proc, "celery")) is not None and w.pid != worker.pid,
+            timeout=60,
+            what="a new worker",
+        )
+        assert _status(port) == 200
+        wait_for(lambda: "restarted (pid" in out.read_text(), timeout=30, what="the restart report")
+        assert "was killed by SIGKILL; restarting" in out.read_text()
+        seen += psutil.Process(proc.pid).children(recursive=True)
+
+        # SIGKILL the embedded Redis and PostgreSQL: both come back, and so does the site.
+        _child(proc, "redis-server").kill()
+        pg_pid = int((data_dir / "postgres" / "postmaster.pid").read_text().splitlines()[0])
+        os.kill(pg_pid, signal.SIGKILL)
+        wait_for(lambda: "embedded Redis had exited" in out.read_text(), timeout=60, what="Redis restart")
+        wait_for(
+            lambda: "embedded PostgreSQL had stopped; restarted" in out.read_text(),
+            timeout=120,
+            what="PostgreSQL restart",
+        )
+        wait_for(lambda: _status(port) == 200, timeout=60, interval=0.5, what="site answering again")
+        assert "Log out" in _login(port)  # session in PostgreSQL, through a fresh connection
+        seen += psutil.Process(proc.pid).children(recursive=True)
+        assert proc.poll() is None
+    finally:
+        _stop(proc)
+        try:
+            text = out.read_text()
+            assert proc.returncode == 0, text
+            assert "stopped" in text
+            # No orphan: every process up ever started (workers, watchdog, web, Redis) is gone.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(_alive(c) for c in seen):
+                time.sleep(0.2)
+            left = [c for c in seen if _alive(c)]
+            assert not left, left
+            assert not (data_dir / "postgres" / "postmaster.pid").exists()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_up_refuses_debug_on_a_public_address():
+    base = Path(tempfile.mkdtemp(prefix="grue-up-test-"))
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+        env.update(GRUE_DATA_DIR=str(base / "var"))
+        res = subprocess.run(
+            [sys.executable, "manage.py", "up", "--debug", "--host", "0.0.0.0", "--port", str(_free_port())],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode != 0
+        assert "refusing --debug on 0.0.0.0" in res.stderr + res.stdout
+        assert not (base / "var" / "postgres").exists()  # refused before anything started
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,9 +1,18 @@
 """``python manage.py up``: everything needed to use GRUE Studio on one machine, in one command.
 
 Without DATABASE_URL / REDIS_URL it starts an embedded PostgreSQL and Redis with their data under
-GRUE_DATA_DIR (default ./var), then migrates, makes sure an admin exists, starts Celery worker(s)
-(with beat, for the lost-run check) and daphne, and prints the URL and login. Ctrl-C (or SIGTERM)
-stops every child: server, workers, then Redis and PostgreSQL. A second ``up`` finds the data.
+GRUE_DATA_DIR (default ./var), then migrates (as the owner role), makes sure an admin exists, and
+starts Celery worker(s), the run watchdog (lost-run detection and automatic resume) and the web
+server, all connecting as the data-only app role. A second ``up`` finds the data.
+
+It supervises what it started the way systemd or supervisord would (issue 14 item 1): a child that
+exits is restarted with exponential backoff (1 s, 2 s, 4 s ... 60 s; reset after a minute of good
+health), a dead embedded Redis or PostgreSQL is restarted on the same address, and every change is
+reported on stdout. Each child runs in its own process group; stopping (Ctrl-C or SIGTERM) and
+restarting signal the whole group, so no grandchild is left behind.
+
+DEBUG is off unless ``--debug`` is given, and ``--debug`` is refused on a non-loopback address.
+Files are created with umask 077 (data, logs, Redis files, secrets are readable by this user only).
 """
 
 from __future__ import annotations
@@ -14,13 +23,19 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from webapp.private import PRIVATE_UMASK, ensure_private_dir
+from webapp.security import is_loopback
+
 ROOT = Path(__file__).resolve().parents[4]
+BACKOFF_MAX = 60.0
+HEALTHY_AFTER = 60.0
 
 
 class _Stop(Exception):
@@ -31,8 +46,36 @@ def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop()
 
 
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is running"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+@dataclass
+class Child:
+    """One supervised process: its command, log file, restart count and backoff."""
+
+    name: str
+    cmd: list[str]
+    log: Path
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    backoff: float = 1.0
+    restart_at: float | None = None
+
+
 class Command(BaseCommand):
-    help = "Start GRUE Studio: (embedded) PostgreSQL + Redis, migrations, admin, Celery worker, ASGI server."
+    help = (
+        "Start GRUE Studio: (embedded) PostgreSQL + Redis, migrations, admin, Celery worker(s), "
+        "run watchdog, web server; supervise and restart them."
+    )
     requires_system_checks: list = []
     requires_migrations_checks = False
 
@@ -40,29 +83,53 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("GRUE_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("GRUE_PORT", "8000")))
         parser.add_argument("--workers", type=int, default=1, help="Celery worker processes (one run each)")
-        parser.add_argument("--no-worker", action="store_true", help="web server only")
+        parser.add_argument("--no-worker", action="store_true", help="web server (and watchdog) only")
+        parser.add_argument(
+            "--debug", action="store_true", help="Django DEBUG pages (development; loopback addresses only)"
+        )
+
+    def say(self, line: str) -> None:
+        self.stdout.write(line)
+        self.stdout.flush()
 
     def handle(self, *args: Any, **opts: Any) -> None:
         from webapp.embedded import Services
 
-        data_dir = Path(settings.DATA_DIR)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        debug = bool(opts["debug"]) or bool(settings.DEBUG)
+        if debug and not is_loopback(opts["host"]):
+            why = "--debug" if opts["debug"] else "DEBUG=1 (from the environment)"
+            raise CommandError(
+                f"refusing {why} on {opts['host']}: DEBUG pages show settings and tracebacks to anyone who "
+                "can reach the server. Bind 127.0.0.1 for development, or run without DEBUG."
+            )
+        os.umask(PRIVATE_UMASK)
+        data_dir = ensure_private_dir(Path(settings.DATA_DIR))
         signal.signal(signal.SIGTERM, _raise_stop)
-        children: list[tuple[str, subprocess.Popen]] = []
+        self.children: list[Child] = []
         services = Services(data_dir)
         try:
             services.__enter__()
             if services.started:
-                self.stdout.write(f"embedded {', '.join(services.started)} running, data in {data_dir}")
+                self.say(f"embedded {', '.join(services.started)} running, data in {data_dir}")
+            services.use_least_privilege()
+            if services.least_privilege:
+                services.write_state()
+                self.say("database: migrations as role grue_owner, the app as role grue_app (no DDL rights)")
             env = dict(os.environ)
             env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
             env.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
             env["GRUE_DATA_DIR"] = str(data_dir)
+            env["DEBUG"] = "1" if debug else "0"
+            if debug:
+                self.say("DEBUG is on (development only)")
+            migrate_env = dict(env)
+            if env.get("GRUE_MIGRATE_DATABASE_URL"):
+                migrate_env["DATABASE_URL"] = env["GRUE_MIGRATE_DATABASE_URL"]
             py = sys.executable
-            self._run([py, "manage.py", "migrate", "--noinput", "-v", "0"], env, "migrations")
+            self._run([py, "manage.py", "migrate", "--noinput", "-v", "0"], migrate_env, "migrations")
             self._run([py, "manage.py", "grue_admin"], env, "admin account", echo=True)
-            logs = data_dir / "logs"
-            logs.mkdir(exist_ok=True)
+            logs = ensure_private_dir(data_dir / "logs")
+            self.logs = logs
             if not opts["no_worker"]:
                 for i in range(max(1, opts["workers"])):
                     name = f"grue{i + 1}@{socket.gethostname()}"
@@ -81,82 +148,116 @@ class Command(BaseCommand):
                         name,
                         "--loglevel=INFO",
                     ]
-                    if i == 0:
-                        cmd.append("-B")
-                        cmd += ["-s", str(data_dir / "celerybeat-schedule")]
-                    children.append((f"worker {name}", self._spawn(cmd, env, logs / f"worker{i + 1}.log")))
-            server = [
-                py,
-                "-m",
-                "daphne",
-                "-b",
-                opts["host"],
-                "-p",
-                str(opts["port"]),
-                "webapp.asgi:application",
-            ]
-            children.append(("web server", self._spawn(server, env, logs / "web.log")))
-            self._wait_port(opts["host"], opts["port"], children)
+                    self.children.append(Child(f"worker {name}", cmd, logs / f"worker{i + 1}.log"))
+            self.children.append(
+                Child("run watchdog", [py, "manage.py", "watch_runs"], logs / "watchdog.log"),
+            )
+            server = [py, "-m", "webapp.server", "-b", opts["host"], "-p", str(opts["port"])]
+            server += ["webapp.asgi:application"]
+            web = Child("web server", server, logs / "web.log")
+            self.children.append(web)
+            for child in self.children:
+                self._start(child, env)
+            self._wait_port(opts["host"], opts["port"], web)
             host = "127.0.0.1" if opts["host"] in ("0.0.0.0", "::") else opts["host"]
-            self.stdout.write(self.style.SUCCESS(f"GRUE Studio is up: http://{host}:{opts['port']}/"))
-            self.stdout.write(f"logs in {logs}; press Ctrl-C to stop")
-            self.stdout.flush()
-            while True:
-                for name, proc in children:
-                    if proc.poll() is not None:
-                        raise CommandError(f"{name} exited with {proc.returncode}; see {logs}")
-                time.sleep(0.5)
+            self.say(self.style.SUCCESS(f"GRUE Studio is up: http://{host}:{opts['port']}/"))
+            self.say(f"logs in {logs}; press Ctrl-C to stop")
+            self._supervise(services, env)
         except (KeyboardInterrupt, _Stop):
-            self.stdout.write("stopping ...")
+            self.say("stopping ...")
         finally:
-            for _name, proc in reversed(children):
-                _terminate(proc)
-            for _name, proc in reversed(children):
-                _wait_or_kill(proc)
+            self._stop_all()
             services.stop()
-            self.stdout.write("stopped")
+            self.say("stopped")
+
+    # ------------------------------------------------------------------ supervision
+
+    def _supervise(self, services: Any, env: dict[str, str]) -> None:
+        while True:
+            try:
+                self._supervise_once(services, env)
+            except (KeyboardInterrupt, _Stop):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the supervisor itself must not die
+                self.say(f"supervisor error (retrying): {type(exc).__name__}: {exc}")
+            time.sleep(0.5)
+
+    def _supervise_once(self, services: Any, env: dict[str, str]) -> None:
+        for event in services.check_and_restart():
+            self.say(event)
+        now = time.monotonic()
+        for child in self.children:
+            proc = child.proc
+            if child.restart_at is None and proc is not None and proc.poll() is not None:
+                _kill_group(proc.pid, signal.SIGKILL)  # whatever it left behind in its group
+                if now - child.started_at >= HEALTHY_AFTER:
+                    child.backoff = 1.0
+                child.restart_at = now + child.backoff
+                self.say(
+                    f"{child.name} {_describe_exit(proc.returncode)}; restarting in {child.backoff:.0f} s "
+                    f"(see {child.log})"
+                )
+                child.backoff = min(BACKOFF_MAX, child.backoff * 2)
+            if child.restart_at is not None and now >= child.restart_at:
+                child.restart_at = None
+                child.restarts += 1
+                self._start(child, env)
+                self.say(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
+
+    def _start(self, child: Child, env: dict[str, str]) -> None:
+        fh = child.log.open("a")
+        try:
+            child.proc = subprocess.Popen(
+                child.cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        finally:
+            fh.close()
+        child.started_at = time.monotonic()
+
+    def _stop_all(self) -> None:
+        children = list(reversed(getattr(self, "children", [])))
+        for child in children:
+            if child.proc is not None and child.proc.poll() is None:
+                _kill_group(child.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for child in children:
+            if child.proc is None:
+                continue
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say(f"{child.name} did not stop within 30 s; killing it")
+                _kill_group(child.proc.pid, signal.SIGKILL)
+                child.proc.wait()
+            # Anything still in the group (a grandchild that ignored SIGTERM) goes too. Linux does not
+            # hand out a process-group id while the group has members, so this reaches only ours.
+            _kill_group(child.proc.pid, signal.SIGKILL)
 
     def _run(self, cmd: list[str], env: dict[str, str], what: str, echo: bool = False) -> None:
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if res.returncode != 0:
             raise CommandError(f"{what} failed:\n{res.stdout}\n{res.stderr}")
         if echo and res.stdout.strip():
-            self.stdout.write(res.stdout.strip())
+            self.say(res.stdout.strip())
 
-    def _spawn(self, cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-        fh = log.open("a")
-        return subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def _wait_port(self, host: str, port: int, children: list[tuple[str, subprocess.Popen]]) -> None:
+    def _wait_port(self, host: str, port: int, web: Child) -> None:
         target = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            for name, proc in children:
-                if proc.poll() is not None:
-                    raise CommandError(f"{name} exited with {proc.returncode} while starting")
+            for child in self.children:
+                if child.proc is not None and child.proc.poll() is not None:
+                    raise CommandError(
+                        f"{child.name} {_describe_exit(child.proc.returncode)} while starting; see {child.log}"
+                    )
             with socket.socket() as s:
                 if s.connect_ex((target, port)) == 0:
                     return
             time.sleep(0.2)
-        raise CommandError(f"the web server did not listen on {host}:{port} within 120 s")
+        raise CommandError(f"the web server did not listen on {host}:{port} within 120 s; see {web.log}")
 
 
-def _terminate(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
-
-def _wait_or_kill(proc: subprocess.Popen) -> None:
+def _kill_group(pgid: int, sig: int) -> None:
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,97 @@
+"""The run watchdog: finds runs whose worker died and resumes them from their last checkpoint.
+
+Why a process of its own (``manage.py watch_runs``, started and supervised by ``manage.py up``, a
+unit/service of its own in deploy/): the old Celery beat task sat on the training queue, so with
+every worker busy training a dead run was noticed minutes late (issue 14 item 2). The watchdog needs
+no free training slot, so a dead run is marked lost within ``GRUE_LOST_AFTER`` + ``GRUE_WATCH_INTERVAL``.
+
+Automatic resume (issue 14 item 1) mirrors Celery's ``acks_late`` + ``reject_on_worker_lost``
+redelivery: a lost run that has a checkpoint is queued again (``lifecycle.resume_run``), at most
+``GRUE_AUTO_RESUME_LIMIT`` times per run (counted in ``Run.auto_resumes``); the queued message waits
+in the broker until a worker is back. ``GRUE_AUTO_RESUME=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+
+from webapp.runs import lifecycle, services
+from webapp.runs.errors import ServiceError
+from webapp.runs.models import Run, RunStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepResult:
+    lost: list[int] = field(default_factory=list)
+    resumed: list[int] = field(default_factory=list)
+
+
+def auto_resume_lost_runs(limit: int | None = None) -> list[int]:
+    """Queue again every lost run that has a checkpoint and automatic resumes left."""
+    limit = int(settings.GRUE_AUTO_RESUME_LIMIT if limit is None else limit)
+    resumed: list[int] = []
+    candidates = Run.objects.filter(status=RunStatus.LOST, auto_resumes__lt=limit, checkpoints__isnull=False)
+    for run_id in candidates.values_list("pk", flat=True).distinct():
+        try:
+            with transaction.atomic():
+                run = Run.objects.select_for_update().get(pk=run_id)
+                if run.status != RunStatus.LOST or run.auto_resumes >= limit:
+                    continue
+                run.auto_resumes += 1
+                run.save(update_fields=["auto_resumes"])
+                attempt = run.auto_resumes
+                lifecycle.resume_run(run)
+        except ServiceError as exc:  # e.g. broker down: stays lost, tried again next sweep
+            log.warning("automatic resume of run %s failed: %s", run_id, exc)
+            continue
+        try:
+            services.add_log_lines(
+                run_id,
+                [
+                    f"worker lost; resumed automatically from the last checkpoint (attempt {attempt} of {limit})"
+                ],
+            )
+        except Exception:  # noqa: BLE001 - the log line is a courtesy
+            log.warning("could not log the automatic resume of run %s", run_id, exc_info=True)
+        resumed.append(run_id)
+    return resumed
+
+
+def sweep(*, auto_resume: bool | None = None) -> SweepResult:
+    """One pass: running runs without a heartbeat become lost; lost runs with a checkpoint resume."""
+    result = SweepResult(lost=lifecycle.mark_lost_runs())
+    if settings.GRUE_AUTO_RESUME if auto_resume is None else auto_resume:
+        result.resumed = auto_resume_lost_runs()
+    return result
+
+
+def watch(
+    interval: float | None = None,
+    *,
+    should_stop: Callable[[], bool] = lambda: False,
+    report: Callable[[str], None] = print,
+) -> None:
+    """Sweep every ``interval`` seconds until ``should_stop``; a database outage only delays it."""
+    interval = float(settings.GRUE_WATCH_INTERVAL if interval is None else interval)
+    while not should_stop():
+        try:
+            res = sweep()
+            if res.lost:
+                report(f"marked lost: {res.lost}")
+            if res.resumed:
+                report(f"resumed from checkpoint: {res.resumed}")
+        except Exception as exc:  # noqa: BLE001 - keep watching through outages
+            log.warning("run watchdog sweep failed: %s", exc)
+            close_old_connections()
+            connection.close()
+        deadline = time.monotonic() + interval
+        while not should_stop() and time.monotonic() < deadline:
+            time.sleep(min(0.2, interval))
