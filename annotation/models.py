@@ -1,6 +1,6 @@
 """Rows of human evaluation: campaigns, items, assignments, judgments, reward models.
 
-Concurrency invariant (enforced in the database by ``services.next_item``): an item's
+Concurrency invariant (enforced in the database by ``assignment.next_item``): an item's
 ``slots_taken`` counts its open assignments plus its judgments and never exceeds the campaign's
 ``overlap``. Pairwise outcomes are stored in system terms ("a" = ``Item.system_a`` won), never in
 screen terms; the left/right placement shown to the annotator is stored on the assignment and the
@@ -102,6 +102,9 @@ class Campaign(models.Model):
     # System ids ("run:12" for runs, the uploaded id otherwise) and their researcher-facing labels.
     systems = models.JSONField(default=list, blank=True)
     system_labels = models.JSONField(default=dict, blank=True)
+    # How the items were built: for runs, inputs matched by sample id / by prompt and samples left
+    # unmatched per run (``campaigns.match_samples``); for uploads, lines and systems.
+    build_report = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -137,16 +140,23 @@ class Membership(models.Model):
         constraints = [models.UniqueConstraint(fields=["campaign", "user"], name="membership_uniq")]
 
 
-def _token() -> str:
+def new_token() -> str:
     return secrets.token_urlsafe(24)
 
 
+_token = new_token  # the name migration 0001 refers to
+
+
 class Invite(models.Model):
+    """A join link. ``max_uses`` None is unlimited; ``active`` False is revoked; see ``invites``."""
+
     campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="invites")
-    token = models.CharField(max_length=64, unique=True, default=_token)
+    token = models.CharField(max_length=64, unique=True, default=new_token)
     max_uses = models.PositiveIntegerField(null=True, blank=True)
     uses = models.PositiveIntegerField(default=0)
     active = models.BooleanField(default=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created = models.DateTimeField(auto_now_add=True)
 
@@ -182,10 +192,6 @@ class Item(models.Model):
             models.CheckConstraint(condition=models.Q(slots_taken__gte=0), name="item_slots_nonneg")
         ]
 
-    @property
-    def is_gold(self) -> bool:
-        return bool(self.gold)
-
 
 class AssignmentStatus(models.TextChoices):
     OPEN = "open", "open"
@@ -202,9 +208,10 @@ class Assignment(models.Model):
     annotator = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="assignments"
     )
-    token = models.CharField(max_length=64, unique=True, default=_token)
+    token = models.CharField(max_length=64, unique=True, default=new_token)
     left_is_a = models.BooleanField(default=True)
     status = models.CharField(max_length=16, choices=AssignmentStatus.choices, default=AssignmentStatus.OPEN)
+    skips = models.PositiveSmallIntegerField(default=0)  # a skipped item comes back once (assignment.py)
     created = models.DateTimeField(auto_now_add=True)
     served_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)

@@ -111,28 +111,57 @@ def win_rate_matrix(
 # --------------------------------------------------------------------------------------------------
 
 
-def _bt_fit(wins: np.ndarray, reg: float, iters: int = 100) -> np.ndarray:
-    """Maximum-likelihood log-strengths from a win matrix (wins[i, j] = i's wins over j).
+# A weak Gaussian prior on each system's log-strength θ (natural log-odds units): θ ~ N(0, 1²).
+# 95% of prior mass puts a system within ±2 log-odds (±350 Elo points) of the average, which real
+# comparisons of language models rarely exceed; one judgment then moves two systems ~116 Elo points
+# apart with a ±200-point interval instead of 2044 vs −44 with a zero-width one. Each comparison adds
+# about as much curvature as the prior (at most 1/4 per comparison), so with tens of comparisons per
+# system the prior's pull is a few Elo points and with hundreds it vanishes.
+DEFAULT_PRIOR_SD = 1.0
+_MLE_REG = 1e-6  # prior_sd=None: the plain maximum-likelihood fit (kept finite by a tiny L2 term)
 
-    Newton's method on sum w_ij log σ(θ_i − θ_j) − reg/2 |θ|². The tiny L2 term keeps the optimum
-    finite when a system never won (the pure MLE is then −∞) and fixes the free additive constant;
-    at reg=1e-6 it moves well-posed ratings by far less than a rating point.
+
+def _bt_fit(wins: np.ndarray, reg: float, iters: int = 100) -> np.ndarray:
+    """MAP log-strengths for a batch of win matrices: ``wins[..., i, j]`` = i's wins over j.
+
+    Newton's method on Σ w_ij log σ(θ_i − θ_j) − reg/2 |θ|² for every matrix of the batch at once
+    (the bootstrap refits 1,000 of them). ``reg`` = 1/prior_sd²; a tiny ``reg`` is the MLE, kept
+    finite when a system never won. Returns θ centred on 0, shape ``wins.shape[:-1]``.
     """
-    k = wins.shape[0]
-    theta = np.zeros(k)
-    n = wins + wins.T
+    w_all = np.asarray(wins, dtype=float)
+    single = w_all.ndim == 2
+    if single:
+        w_all = w_all[None]
+    b, k, _ = w_all.shape
+    theta = np.zeros((b, k))
+    n = w_all + np.swapaxes(w_all, 1, 2)
+    eye = np.eye(k)
     for _ in range(iters):
-        diff = theta[:, None] - theta[None, :]
+        diff = theta[:, :, None] - theta[:, None, :]
         p = 1.0 / (1.0 + np.exp(-diff))
-        grad = (wins - n * p).sum(axis=1) - reg * theta
+        grad = (w_all - n * p).sum(axis=2) - reg * theta
         w = n * p * (1 - p)
-        hess = -np.diag(w.sum(axis=1)) + w
-        hess -= reg * np.eye(k)
-        step = np.linalg.solve(hess, grad)
+        hess = w - w.sum(axis=2)[:, :, None] * eye - reg * eye
+        step = np.linalg.solve(hess, grad[:, :, None])[:, :, 0]
         theta -= step
         if np.max(np.abs(step)) < 1e-10:
             break
-    return theta - theta.mean()
+    theta -= theta.mean(axis=1, keepdims=True)
+    return theta[0] if single else theta
+
+
+def _bt_posterior_sd(wins: np.ndarray, theta: np.ndarray, reg: float) -> np.ndarray:
+    """Standard deviation of each centred log-strength under the normal (Laplace) approximation of
+    the posterior: the inverse curvature of the penalised likelihood at its maximum. Unlike the
+    bootstrap it does not collapse to zero width when every resample is the same data set."""
+    k = len(theta)
+    n = wins + wins.T
+    p = 1.0 / (1.0 + np.exp(-(theta[:, None] - theta[None, :])))
+    w = n * p * (1 - p)
+    precision = np.diag(w.sum(axis=1)) - w + reg * np.eye(k)
+    cov = np.linalg.inv(precision)
+    centre = np.eye(k) - 1.0 / k
+    return np.sqrt(np.clip(np.diag(centre @ cov @ centre), 0.0, None))
 
 
 def bradley_terry(
@@ -143,42 +172,58 @@ def bradley_terry(
     scale: float = 400.0,
     base: float = 10.0,
     init_rating: float = 1000.0,
-    reg: float = 1e-6,
+    prior_sd: float | None = DEFAULT_PRIOR_SD,
 ) -> dict[str, Any]:
-    """Bradley–Terry ratings on the Elo scale with 95% bootstrap intervals and ranks.
+    """Bradley–Terry ratings on the Elo scale with 95% intervals and ranks.
 
-    As Chatbot Arena computes them: the maximum-likelihood fit of P(i beats j) =
-    1 / (1 + base^((R_j − R_i)/scale)) with ties counting as half a win for each side; intervals are
-    the 2.5/97.5 percentiles of ratings refitted on comparisons resampled with replacement; the rank
-    of a system is 1 + the number of systems whose lower bound exceeds its upper bound (so systems
-    whose intervals overlap share a rank). Ratings are centred on ``init_rating``.
+    The model is Chatbot Arena's: P(i beats j) = 1 / (1 + base^((R_j − R_i)/scale)), ties counting
+    as half a win for each side, ratings centred on ``init_rating``. Ratings are the posterior mode
+    under the weak prior θ ~ N(0, prior_sd²) on natural-log strengths (``prior_sd=None``: the plain
+    maximum-likelihood fit). The 95% interval is the union of the bootstrap percentile interval
+    (comparisons resampled with replacement, refitted) and, with a prior, the Laplace posterior
+    interval (±1.96 sd): the bootstrap alone has zero width when every resample is the same data
+    (one judgment; one system that always wins). The rank of a system is 1 + the number of systems
+    whose lower bound exceeds its upper bound (systems whose intervals overlap share a rank).
     """
     comps = [c for c in comparisons if c[0] != c[1]]
     names = list(systems) if systems is not None else sorted({s for c in comps for s in c[:2]}, key=str)
     idx = {s: i for i, s in enumerate(names)}
     k = len(names)
     if k == 0:
-        return {"systems": [], "rating": [], "low": [], "high": [], "rank": [], "n": 0}
-    ai = np.array([idx[c[0]] for c in comps], dtype=int)
-    bi = np.array([idx[c[1]] for c in comps], dtype=int)
-    sc = np.array([_score(c[2]) for c in comps], dtype=float)
+        return {"systems": [], "rating": [], "low": [], "high": [], "rank": [], "n": 0, "prior_sd": prior_sd}
+    reg = 1.0 / (prior_sd * prior_sd) if prior_sd else _MLE_REG
     factor = scale / math.log(base)
+    # Comparisons as counts of distinct (a, b, points-of-a) cells: a bootstrap resample is then one
+    # multinomial draw over the cells, the same distribution as resampling comparisons one by one.
+    cells: dict[tuple[int, int, float], int] = Counter((idx[a], idx[b], _score(o)) for a, b, o in comps)
+    keys = list(cells)
+    counts = np.array([cells[c] for c in keys], dtype=float)
+    ci = np.array([c[0] for c in keys], dtype=int)
+    cj = np.array([c[1] for c in keys], dtype=int)
+    cs = np.array([c[2] for c in keys], dtype=float)
 
-    def fit(sel: np.ndarray | None) -> np.ndarray:
-        wins = np.zeros((k, k))
-        a, b, s = (ai, bi, sc) if sel is None else (ai[sel], bi[sel], sc[sel])
-        np.add.at(wins, (a, b), s)
-        np.add.at(wins, (b, a), 1 - s)
-        return init_rating + factor * _bt_fit(wins, reg)
+    def wins_of(weights: np.ndarray) -> np.ndarray:
+        """(B, m) cell counts → (B, k, k) win matrices."""
+        w = np.zeros((weights.shape[0], k, k))
+        for m in range(len(keys)):
+            w[:, ci[m], cj[m]] += weights[:, m] * cs[m]
+            w[:, cj[m], ci[m]] += weights[:, m] * (1 - cs[m])
+        return w
 
-    rating = fit(None)
+    full = wins_of(counts[None])[0] if keys else np.zeros((k, k))
+    theta = _bt_fit(full, reg)
+    rating = init_rating + factor * theta
+    low, high = rating.copy(), rating.copy()
     if comps and n_bootstrap > 0:
         rng = np.random.default_rng(seed)
-        boots = np.array([fit(rng.integers(0, len(comps), len(comps))) for _ in range(n_bootstrap)])
-        low = np.percentile(boots, 2.5, axis=0)
-        high = np.percentile(boots, 97.5, axis=0)
-    else:
-        low, high = rating.copy(), rating.copy()
+        draws = rng.multinomial(len(comps), counts / counts.sum(), size=n_bootstrap).astype(float)
+        boots = init_rating + factor * _bt_fit(wins_of(draws), reg)
+        low = np.minimum(low, np.percentile(boots, 2.5, axis=0))
+        high = np.maximum(high, np.percentile(boots, 97.5, axis=0))
+    if prior_sd:
+        half = 1.959963984540054 * factor * _bt_posterior_sd(full, theta, reg)
+        low = np.minimum(low, rating - half)
+        high = np.maximum(high, rating + half)
     rank = [1 + int(np.sum(low > high[i])) for i in range(k)]
     return {
         "systems": names,
@@ -187,6 +232,7 @@ def bradley_terry(
         "high": high.tolist(),
         "rank": rank,
         "n": len(comps),
+        "prior_sd": prior_sd,
     }
 
 

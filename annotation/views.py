@@ -1,4 +1,4 @@
-"""Annotation pages. Thin: parse the request, call ``annotation.services``, render.
+"""Annotation pages. Thin: parse the request, call the service modules, render.
 
 Two audiences with a hard wall between them: researchers (``researcher_required``) manage
 campaigns and see results; annotators (``annotator_required`` + campaign membership) see only
@@ -14,14 +14,27 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import get_user_model, login
+from django.db.models import Count
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from annotation import services
-from annotation.models import AXES_PRESETS, Campaign, CampaignKind, CampaignStatus, Pairing, RewardModel
+from annotation import assignment, campaigns, exports, invites, results, reward_models, uploads
+from annotation.errors import AnnotationError, UploadError
+from annotation.models import (
+    AXES_PRESETS,
+    DEFAULT_AXES,
+    Campaign,
+    CampaignKind,
+    CampaignStatus,
+    Pairing,
+    RewardModel,
+)
 from webapp.access import annotator_required, is_researcher, researcher_required, role_of
+from webapp.runs.models import Run
 
 
 def _clean(obj: Any) -> Any:
@@ -45,38 +58,60 @@ def _wants_json(request: HttpRequest) -> bool:
 @annotator_required
 def home(request: HttpRequest) -> HttpResponse:
     rows = []
-    for c in services.campaigns_for_annotator(request.user):
-        rows.append({"campaign": c, "progress": services.progress_for(c, request.user)})
+    for c in invites.campaigns_for_annotator(request.user):
+        rows.append({"campaign": c, "progress": assignment.progress_for(c, request.user)})
     return render(request, "annotation/home.html", {"rows": rows, "researcher": is_researcher(request.user)})
 
 
-def join(request: HttpRequest, token: str) -> HttpResponse:
-    """Invite link: a logged-in user joins; a visitor creates an annotator-only account."""
+INVITE_SESSION_KEY = "annotation_invite_token"
+
+
+def join_legacy(request: HttpRequest, token: str) -> HttpResponse:
+    """Old-style link with the token in the path: keep the token in the session and continue on the
+    clean URL (this first request is in the access log; new links put the token in the fragment)."""
+    request.session[INVITE_SESSION_KEY] = token
+    return redirect("annotation:join")
+
+
+@sensitive_post_parameters("password", "token")
+@never_cache
+def join(request: HttpRequest) -> HttpResponse:
+    """Invite links ``/annotate/join/#<token>``: the page posts the fragment's token (browsers never
+    send fragments, so it is in no access log), which is kept in the session; a logged-in user then
+    joins, a visitor creates an annotator-only account."""
+    if request.method == "POST" and "token" in request.POST:
+        request.session[INVITE_SESSION_KEY] = request.POST.get("token", "").strip()
+        return redirect("annotation:join")
+    token = request.session.get(INVITE_SESSION_KEY, "")
+    if not token:
+        return render(request, "annotation/join.html", {"ask_code": True})
     try:
-        inv = services.invite_for_token(token)
-    except services.AnnotationError as exc:
-        return render(request, "annotation/join.html", {"error": str(exc)}, status=404)
+        inv = invites.invite_for_token(token)
+    except AnnotationError as exc:
+        request.session.pop(INVITE_SESSION_KEY, None)
+        return render(request, "annotation/join.html", {"error": str(exc), "ask_code": True}, status=404)
     if request.method == "POST":
         try:
             if request.user.is_authenticated:
-                services.accept_invite(token, request.user)
+                invites.accept_invite(token, request.user)
             else:
-                user = services.signup_with_invite(
+                user = invites.signup_with_invite(
                     token, request.POST.get("username", ""), request.POST.get("password", "")
                 )
                 login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-        except services.AnnotationError as exc:
+        except AnnotationError as exc:
             return render(
                 request, "annotation/join.html",
                 {"invite": inv, "error": str(exc), "username": request.POST.get("username", "")}, status=400,
             )  # fmt: skip
+        request.session.pop(INVITE_SESSION_KEY, None)
         return redirect("annotation:annotate", pk=inv.campaign_id)
     return render(request, "annotation/join.html", {"invite": inv})
 
 
 def _member_campaign(request: HttpRequest, pk: int) -> Campaign:
     camp = get_object_or_404(Campaign, pk=pk)
-    if not services.is_member(camp, request.user):
+    if not invites.is_member(camp, request.user):
         raise Http404("no such campaign")
     return camp
 
@@ -86,8 +121,8 @@ def annotate(request: HttpRequest, pk: int) -> HttpResponse:
     camp = _member_campaign(request, pk)
     if camp.status != CampaignStatus.ACTIVE:
         return render(request, "annotation/annotate_closed.html", {"campaign": camp})
-    a = services.next_item(camp, request.user)
-    progress = services.progress_for(camp, request.user)
+    a = assignment.next_item(camp, request.user)
+    progress = assignment.progress_for(camp, request.user)
     ctx: dict[str, Any] = {
         "campaign": camp,
         "progress": progress,
@@ -95,7 +130,7 @@ def annotate(request: HttpRequest, pk: int) -> HttpResponse:
     }
     if a is None:
         return render(request, "annotation/annotate_done.html", ctx)
-    ctx["item"] = services.display_item(a)
+    ctx["item"] = assignment.display_item(a)
     ctx["axes"] = [
         {"name": ax["name"], "options": [(i + 1, label) for i, label in enumerate(ax["labels"])]}
         for ax in camp.axes
@@ -121,11 +156,11 @@ def submit(request: HttpRequest, pk: int) -> HttpResponse:
     except ValueError:
         item_id = -1
     try:
-        services.record_judgment(
+        assignment.record_judgment(
             request.user, request.POST.get("token", ""), item_id=item_id, choice=request.POST.get("choice"),
             scores=scores, rationale=request.POST.get("rationale", ""), seconds=seconds,
         )  # fmt: skip
-    except services.AnnotationError as exc:
+    except AnnotationError as exc:
         if _wants_json(request):
             return JsonResponse({"ok": False, "error": str(exc)}, status=409)
         messages.error(request, f"Not saved: {exc}")
@@ -140,8 +175,8 @@ def submit(request: HttpRequest, pk: int) -> HttpResponse:
 def skip(request: HttpRequest, pk: int) -> HttpResponse:
     camp = _member_campaign(request, pk)
     try:
-        services.skip_item(request.user, request.POST.get("token", ""))
-    except services.AnnotationError as exc:
+        assignment.skip_item(request.user, request.POST.get("token", ""))
+    except AnnotationError as exc:
         messages.error(request, str(exc))
     return redirect("annotation:annotate", pk=camp.pk)
 
@@ -151,8 +186,8 @@ def skip(request: HttpRequest, pk: int) -> HttpResponse:
 def undo(request: HttpRequest, pk: int) -> HttpResponse:
     camp = _member_campaign(request, pk)
     try:
-        a = services.undo_last(camp, request.user)
-    except services.AnnotationError as exc:
+        a = assignment.undo_last(camp, request.user)
+    except AnnotationError as exc:
         messages.error(request, str(exc))
     else:
         if a is None:
@@ -167,7 +202,7 @@ def undo(request: HttpRequest, pk: int) -> HttpResponse:
 
 @researcher_required
 def campaign_list(request: HttpRequest) -> HttpResponse:
-    rows = services.campaign_counts(list(Campaign.objects.all()[:500]))
+    rows = campaigns.campaign_counts(list(Campaign.objects.all()[:500]))
     return render(request, "annotation/campaign_list.html", {"rows": rows})
 
 
@@ -176,6 +211,14 @@ def _int(value: Any, default: int | None = None) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+def _float(value: Any, default: float | None = None) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return default
+    return v if math.isfinite(v) else default
 
 
 def _settings_from_post(post: Any) -> dict[str, Any]:
@@ -190,18 +233,14 @@ def _settings_from_post(post: Any) -> dict[str, Any]:
         preset = post.get("axes_preset", "")
         if preset:
             if preset not in AXES_PRESETS:
-                raise services.AnnotationError(f"unknown axes preset {preset!r}")
+                raise AnnotationError(f"unknown axes preset {preset!r}")
             out["axes"] = AXES_PRESETS[preset]
         elif post.get("axes", "").strip():
-            out["axes"] = services.parse_axes_text(post["axes"])
+            out["axes"] = campaigns.parse_axes_text(post["axes"])
     return out
 
 
 def _runs_with_samples() -> list[Any]:
-    from django.db.models import Count
-
-    from webapp.runs.models import Run
-
     return list(
         Run.objects.annotate(n_samples=Count("samples")).filter(n_samples__gt=0).order_by("-created")[:300]
     )
@@ -211,7 +250,7 @@ def _runs_with_samples() -> list[Any]:
 def campaign_new(request: HttpRequest) -> HttpResponse:
     ctx: dict[str, Any] = {
         "runs": _runs_with_samples(),
-        "default_axes": services.axes_to_text(services.DEFAULT_AXES),
+        "default_axes": campaigns.axes_to_text(DEFAULT_AXES),
         "axes_presets": sorted(AXES_PRESETS),
         "post": request.POST,
         "selected": [],
@@ -221,15 +260,16 @@ def campaign_new(request: HttpRequest) -> HttpResponse:
         ctx["selected"] = run_ids
         try:
             kw = _settings_from_post(request.POST)
-            camp = services.create_campaign_from_runs(
+            camp = campaigns.create_campaign_from_runs(
                 request.POST.get("name", ""), run_ids, user=request.user,
                 split=request.POST.get("split") or None, baseline_run=_int(request.POST.get("baseline")),
                 max_items=_int(request.POST.get("max_items")), **kw,
             )  # fmt: skip
-        except services.AnnotationError as exc:
+        except AnnotationError as exc:
             ctx["error"] = str(exc)
             return render(request, "annotation/campaign_new.html", ctx, status=400)
-        messages.success(request, f"Campaign created with {camp.items.count()} items.")
+        how = campaigns.describe_match(camp.build_report, camp.system_labels)
+        messages.success(request, f"Campaign created with {camp.items.count()} items. Inputs: {how}")
         return redirect("annotation:campaign_detail", pk=camp.pk)
     return render(request, "annotation/campaign_new.html", ctx)
 
@@ -237,7 +277,7 @@ def campaign_new(request: HttpRequest) -> HttpResponse:
 @researcher_required
 def campaign_upload(request: HttpRequest) -> HttpResponse:
     ctx: dict[str, Any] = {
-        "default_axes": services.axes_to_text(services.DEFAULT_AXES),
+        "default_axes": campaigns.axes_to_text(DEFAULT_AXES),
         "axes_presets": sorted(AXES_PRESETS),
         "post": request.POST,
     }
@@ -245,15 +285,17 @@ def campaign_upload(request: HttpRequest) -> HttpResponse:
         f = request.FILES.get("file")
         try:
             if f is None:
-                raise services.UploadError("choose a JSONL file to upload")
-            if f.size > 50 * 1024 * 1024:
-                raise services.UploadError("file too large (limit 50 MB)")
+                raise UploadError("choose a JSONL file to upload")
+            if f.size > uploads.max_upload_bytes():
+                raise UploadError(
+                    f"file too large: {f.size:,} bytes (limit {uploads.max_upload_bytes():,}); split it"
+                )
             kw = _settings_from_post(request.POST)
-            camp = services.create_campaign_from_upload(
+            camp = uploads.create_campaign_from_upload(
                 request.POST.get("name", ""), f.read(), user=request.user,
                 baseline_system=request.POST.get("baseline", "").strip(), **kw,
             )  # fmt: skip
-        except services.AnnotationError as exc:
+        except AnnotationError as exc:
             ctx["error"] = f"Nothing was imported. {exc}"
             return render(request, "annotation/campaign_upload.html", ctx, status=400)
         messages.success(request, f"Campaign created with {camp.items.count()} items.")
@@ -268,25 +310,31 @@ def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
         action = request.POST.get("action", "")
         try:
             if action == "start":
-                services.start_campaign(camp)
+                campaigns.start_campaign(camp)
                 messages.success(request, "Campaign started: annotators can now judge items.")
             elif action == "close":
-                services.close_campaign(camp)
+                campaigns.close_campaign(camp)
                 messages.success(request, "Campaign closed.")
             elif action == "invite":
-                inv = services.create_invite(camp, request.user, _int(request.POST.get("max_uses")))
+                max_uses = _int(request.POST.get("max_uses"), 1)
+                days = _float(request.POST.get("days"))
+                inv = invites.create_invite(camp, request.user, max_uses=max_uses, days=days)
                 messages.success(
                     request,
-                    f"Invite link created: {request.build_absolute_uri(reverse('annotation:join', args=[inv.token]))}",
+                    f"Invite link created (single use unless you chose more, expires {inv.expires_at:%Y-%m-%d %H:%M} UTC): "
+                    "copy it from the list below.",
                 )
+            elif action == "revoke_invite":
+                invites.revoke_invite(camp, _int(request.POST.get("invite_id")))
+                messages.success(request, "Invite link revoked: it no longer admits anyone.")
             elif action == "add_member":
                 User = get_user_model()
                 user = User.objects.filter(username=request.POST.get("username", "").strip()).first()
                 if user is None:
-                    raise services.AnnotationError("no user with that name")
+                    raise AnnotationError("no user with that name")
                 if role_of(user) is None:
-                    user.groups.add(services.annotator_group())
-                services.add_member(camp, user)
+                    user.groups.add(invites.annotator_group())
+                invites.add_member(camp, user)
                 messages.success(request, f"{user.username} added.")
             elif action == "remove_member":
                 camp.memberships.filter(user_id=_int(request.POST.get("user_id"))).delete()
@@ -298,44 +346,59 @@ def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
                     "overlap": _int(request.POST.get("overlap")),
                 }
                 if camp.kind == CampaignKind.LIKERT and request.POST.get("axes", "").strip():
-                    kw["axes"] = services.parse_axes_text(request.POST["axes"])
+                    kw["axes"] = campaigns.parse_axes_text(request.POST["axes"])
                 if request.POST.get("examples", "").strip():
                     try:
                         ex = json.loads(request.POST["examples"])
                     except json.JSONDecodeError as exc:
-                        raise services.AnnotationError(
+                        raise AnnotationError(
                             f"examples: invalid JSON ({exc.msg}, line {exc.lineno})"
                         ) from None
                     if not isinstance(ex, list):
-                        raise services.AnnotationError("examples: expected a JSON list")
+                        raise AnnotationError("examples: expected a JSON list")
                     kw["examples"] = ex
-                services.update_settings(camp, **kw)
+                campaigns.update_settings(camp, **kw)
                 messages.success(request, "Settings saved.")
-        except services.AnnotationError as exc:
+        except AnnotationError as exc:
             messages.error(request, str(exc))
         return redirect("annotation:campaign_detail", pk=camp.pk)
     ctx = {
         "campaign": camp,
-        "problems": services.start_problems(camp) if camp.status == CampaignStatus.DRAFT else [],
+        "problems": campaigns.start_problems(camp) if camp.status == CampaignStatus.DRAFT else [],
         "members": camp.memberships.select_related("user").order_by("joined"),
-        "invites": camp.invites.filter(active=True).order_by("-created"),
+        "invites": invites.live_invites(camp),
+        "default_invite_days": invites.default_invite_days(),
+        "build_text": campaigns.describe_match(camp.build_report, camp.system_labels),
         "n_items": camp.items.count(),
         "n_gold": camp.items.exclude(gold="").count(),
         "n_judgments": camp.judgments.count(),
-        "reward_models": camp.reward_models.all(),
-        "axes_text": services.axes_to_text(camp.axes) if camp.axes else "",
+        "axes_text": campaigns.axes_to_text(camp.axes) if camp.axes else "",
         "examples_text": json.dumps(camp.examples, indent=1) if camp.examples else "",
         "systems": [(s, camp.label(s)) for s in camp.systems],
-        "n_pairs": len(services.preference_pairs(camp)) if camp.kind == CampaignKind.PAIRWISE else 0,
-        "join_base": request.build_absolute_uri("/annotate/join/"),
+        "n_pairs": len(exports.preference_pairs(camp)) if camp.kind == CampaignKind.PAIRWISE else 0,
+        "join_url": request.build_absolute_uri(reverse("annotation:join")),
+        "reward_models": [(rm, reward_models.heldout_summary(rm.metrics)) for rm in camp.reward_models.all()],
     }
     return render(request, "annotation/campaign_detail.html", ctx)
 
 
 @researcher_required
+def campaign_preview(request: HttpRequest, pk: int) -> HttpResponse:
+    """The first items as annotators will see them (control tokens as markers), with the systems
+    and metrics that annotators never see, so the owner can check the campaign before inviting."""
+    camp = get_object_or_404(Campaign, pk=pk)
+    return render(
+        request,
+        "annotation/preview.html",
+        {"campaign": camp, "items": campaigns.preview_items(camp, 10), "n_items": camp.items.count(),
+         "pairwise": camp.kind == CampaignKind.PAIRWISE},
+    )  # fmt: skip
+
+
+@researcher_required
 def campaign_results(request: HttpRequest, pk: int) -> HttpResponse:
     camp = get_object_or_404(Campaign, pk=pk)
-    res = services.campaign_results(camp)
+    res = results.campaign_results(camp)
     return render(
         request, "annotation/results.html",
         {"campaign": camp, "res": res, "res_json": _clean(res)},
@@ -345,13 +408,13 @@ def campaign_results(request: HttpRequest, pk: int) -> HttpResponse:
 @researcher_required
 def campaign_results_json(request: HttpRequest, pk: int) -> JsonResponse:
     camp = get_object_or_404(Campaign, pk=pk)
-    return JsonResponse(_clean(services.campaign_results(camp)))
+    return JsonResponse(_clean(results.campaign_results(camp)))
 
 
 @researcher_required
 def export_jsonl(request: HttpRequest, pk: int) -> HttpResponse:
     camp = get_object_or_404(Campaign, pk=pk)
-    resp = HttpResponse(services.export_jsonl(camp), content_type="application/jsonl; charset=utf-8")
+    resp = HttpResponse(exports.export_jsonl(camp), content_type="application/jsonl; charset=utf-8")
     resp["Content-Disposition"] = f'attachment; filename="campaign-{camp.pk}-pairs.jsonl"'
     return resp
 
@@ -359,7 +422,7 @@ def export_jsonl(request: HttpRequest, pk: int) -> HttpResponse:
 @researcher_required
 def export_csv(request: HttpRequest, pk: int) -> HttpResponse:
     camp = get_object_or_404(Campaign, pk=pk)
-    resp = HttpResponse(services.export_csv(camp), content_type="text/csv; charset=utf-8")
+    resp = HttpResponse(exports.export_csv(camp), content_type="text/csv; charset=utf-8")
     resp["Content-Disposition"] = f'attachment; filename="campaign-{camp.pk}-judgments.csv"'
     return resp
 
@@ -375,7 +438,7 @@ def train_reward_model(request: HttpRequest, pk: int) -> HttpResponse:
         except (TypeError, ValueError):
             return default
 
-    req = services.TrainRequest(
+    req = reward_models.TrainRequest(
         name=request.POST.get("name", "").strip() or f"{camp.name} RM",
         backbone=request.POST.get("backbone", "minilm").strip() or "minilm",
         epochs=num("epochs", 3.0),
@@ -385,7 +448,7 @@ def train_reward_model(request: HttpRequest, pk: int) -> HttpResponse:
         include_prompt=bool(request.POST.get("include_prompt")),
     )
     try:
-        rm = services.create_reward_model(camp, req, user=request.user)
+        rm = reward_models.create_reward_model(camp, req, user=request.user)
     except Exception as exc:  # noqa: BLE001 - PathNotAllowed and AnnotationError are shown alike
         messages.error(request, f"Cannot train: {exc}")
         return redirect("annotation:campaign_detail", pk=camp.pk)
@@ -394,11 +457,13 @@ def train_reward_model(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @researcher_required
-def reward_models(request: HttpRequest) -> HttpResponse:
+def reward_model_list(request: HttpRequest) -> HttpResponse:
+    rows = [
+        (rm, reward_models.heldout_summary(rm.metrics), reward_models.choice_id(rm))
+        for rm in RewardModel.objects.select_related("campaign")[:200]
+    ]
     return render(
-        request,
-        "annotation/reward_models.html",
-        {"models": RewardModel.objects.select_related("campaign")[:200]},
+        request, "annotation/reward_models.html", {"rows": rows, "launch_url": reverse("runs:launch")}
     )
 
 
@@ -412,6 +477,7 @@ def reward_model_json(request: HttpRequest, pk: int) -> JsonResponse:
                 "status": rm.status,
                 "progress": rm.progress,
                 "metrics": rm.metrics,
+                "heldout": reward_models.heldout_summary(rm.metrics),
                 "error": rm.error,
             }
         )
@@ -420,4 +486,8 @@ def reward_model_json(request: HttpRequest, pk: int) -> JsonResponse:
 
 @researcher_required
 def leaderboard(request: HttpRequest) -> HttpResponse:
-    return render(request, "annotation/leaderboard.html", {"boards": services.leaderboard()})
+    return render(
+        request,
+        "annotation/leaderboard.html",
+        {"boards": results.leaderboard(), "min_comparisons": results.min_comparisons_to_rank()},
+    )

@@ -46,7 +46,7 @@ def run_share(
     from django.contrib.auth.models import User
     from django.db import connection
 
-    from annotation import services
+    from annotation import assignment
     from annotation.models import Campaign
 
     camp = Campaign.objects.get(pk=campaign_id)
@@ -63,11 +63,11 @@ def run_share(
                 if think > 0:
                     time.sleep(rng.expovariate(1.0 / think))  # reading the item
                 t0 = time.perf_counter()
-                a = services.next_item(camp, user)
+                a = assignment.next_item(camp, user)
                 t1 = time.perf_counter()
                 if a is None:
                     break
-                services.record_judgment(
+                assignment.record_judgment(
                     user, a.token, item_id=a.item_id, choice=rng.choice(["left", "right", "tie"])
                 )
                 t2 = time.perf_counter()
@@ -118,7 +118,7 @@ def main() -> int:
     call_command("migrate", verbosity=0)
     from django.contrib.auth.models import User
 
-    from annotation import services
+    from annotation import campaigns, invites, uploads
     from annotation.models import Assignment, Campaign, Item, Judgment
 
     tag = f"bench-{int(time.time())}"
@@ -128,11 +128,11 @@ def main() -> int:
         )
         for i in range(args.items)
     )
-    camp = services.create_campaign_from_upload(tag, lines, overlap=args.overlap)
+    camp = uploads.create_campaign_from_upload(tag, lines, overlap=args.overlap)
     users = [User.objects.create_user(f"{tag}-{i}", password=None) for i in range(args.annotators)]
     for u in users:
-        services.add_member(camp, u)
-    services.start_campaign(camp)
+        invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
     connection.close()
 
     user_ids = [u.pk for u in users]

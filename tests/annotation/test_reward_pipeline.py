@@ -12,34 +12,34 @@ import random
 
 import pytest
 
-from annotation import services
+from annotation import assignment, campaigns, exports, invites, reward_models, uploads
 from annotation.models import RewardModel
 from tests.annotation.conftest import make_user, sentiment_upload
 
 
 @pytest.mark.django_db(transaction=True)
 def test_judgments_train_a_reward_model_in_the_worker(celery_worker, wait_for, runs_dir):
-    camp = services.create_campaign_from_upload("rm", sentiment_upload(40), overlap=3)
+    camp = uploads.create_campaign_from_upload("rm", sentiment_upload(40), overlap=3)
     users = [make_user(f"rater{i}") for i in range(3)]
     for u in users:
-        services.add_member(camp, u)
-    services.start_campaign(camp)
+        invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
     rng = random.Random(0)
     for k, u in enumerate(users):
-        while (a := services.next_item(camp, u)) is not None:
+        while (a := assignment.next_item(camp, u)) is not None:
             pos_shown_left = (a.item.system_a == "pos") == a.left_is_a
             choice = "left" if pos_shown_left else "right"
             if k == 2 and rng.random() < 0.15:  # a noisy annotator
                 choice = rng.choice(["tie", "left" if choice == "right" else "right"])
-            services.record_judgment(u, a.token, item_id=a.item_id, choice=choice)
+            assignment.record_judgment(u, a.token, item_id=a.item_id, choice=choice)
 
-    pairs = [json.loads(x) for x in services.export_jsonl(camp).splitlines()]
+    pairs = [json.loads(x) for x in exports.export_jsonl(camp).splitlines()]
     assert len(pairs) > 100 and sum(p["meta"]["system_chosen"] == "pos" for p in pairs) / len(pairs) > 0.9
 
-    req = services.TrainRequest(
+    req = reward_models.TrainRequest(
         name="sentiment RM", epochs=1.0, batch_size=16, max_length=24, learning_rate=1e-4
     )
-    rm = services.create_reward_model(camp, req)
+    rm = reward_models.create_reward_model(camp, req)
     wait_for(lambda: RewardModel.objects.get(pk=rm.pk).status in ("succeeded", "failed"), timeout=420,
              interval=0.5, what="reward model training")  # fmt: skip
     rm.refresh_from_db()
@@ -48,7 +48,7 @@ def test_judgments_train_a_reward_model_in_the_worker(celery_worker, wait_for, r
     assert rm.path.startswith(str(runs_dir))  # written under the runs dir (inside the allowed roots)
     assert rm.metrics["heldout_accuracy"] >= 0.8  # chance is 0.5
 
-    choice = next(c for c in services.reward_choices() if c["reward"]["args"]["model_path"] == rm.path)
+    choice = next(c for c in reward_models.reward_choices() if c["reward"]["args"]["model_path"] == rm.path)
     assert choice["reward"] == {"id": "learned", "args": {"model_path": rm.path, "label_index": 0}}
     assert "sentiment RM" in choice["label"]
 

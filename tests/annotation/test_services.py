@@ -5,10 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 
-from annotation import services
+from annotation import assignment, campaigns, exports, invites, results, uploads
+from annotation.errors import AnnotationError, Rejected, UploadError
 from annotation.models import Assignment, Campaign, Item, Judgment
 from tests.annotation.conftest import make_user, sentiment_upload
 
@@ -18,32 +20,32 @@ pytestmark = pytest.mark.django_db
 def _judge_all(camp, users, pick):
     """Each user judges until nothing is left; ``pick(item, user)`` returns the stored-terms choice."""
     for u in users:
-        while (a := services.next_item(camp, u)) is not None:
+        while (a := assignment.next_item(camp, u)) is not None:
             want = pick(a.item, u)
             shown = (
                 want if want in ("tie", "both_bad") else ("left" if (want == "a") == a.left_is_a else "right")
             )
-            services.record_judgment(u, a.token, item_id=a.item_id, choice=shown, seconds=2.0)
+            assignment.record_judgment(u, a.token, item_id=a.item_id, choice=shown, seconds=2.0)
 
 
 def test_campaign_from_runs_pairs_latest_eval_samples(two_runs, researcher):
     good, bad = two_runs
-    camp = services.create_campaign_from_runs("cmp", [good.pk, bad.pk], user=researcher, overlap=3)
+    camp = campaigns.create_campaign_from_runs("cmp", [good.pk, bad.pk], user=researcher, overlap=3)
     items = list(camp.items.all())
     assert len(items) == 6 and camp.systems == [f"run:{good.pk}", f"run:{bad.pk}"]
     for it in items:
         assert not it.output_a.startswith("old ") and it.output_a != "train"  # last eval step, eval split
         assert {it.system_a, it.system_b} == set(camp.systems)
         assert it.metrics_a["reward"] in (0.0, 1.0) and "length" in it.metrics_b
-    with pytest.raises(services.AnnotationError, match="at least 2 runs"):
-        services.create_campaign_from_runs("x", [good.pk])
+    with pytest.raises(AnnotationError, match="at least 2 runs"):
+        campaigns.create_campaign_from_runs("x", [good.pk])
     from tests.annotation.conftest import make_run
 
     other = make_run("other", ["unrelated prompt"], ["text"])
-    with pytest.raises(services.AnnotationError, match="share no prompts"):
-        services.create_campaign_from_runs("x", [good.pk, other.pk])
+    with pytest.raises(AnnotationError, match="share no prompts"):
+        campaigns.create_campaign_from_runs("x", [good.pk, other.pk])
     # Likert: one item per (prompt, system); vs_baseline with 3 systems gives 2 pairs per prompt.
-    lik = services.create_campaign_from_runs("lik", [good.pk], kind="likert")
+    lik = campaigns.create_campaign_from_runs("lik", [good.pk], kind="likert")
     assert lik.items.count() == 6 and lik.axes[0]["name"] == "fluency"
 
 
@@ -57,7 +59,7 @@ def test_upload_all_or_nothing_names_line_and_field(researcher):
         ('{"prompt": "p", "outputs": {"a": "x", "b": "y"}, "gold": "c"}\n', r"line 1, field 'gold'"),
         (
             '{"prompt": "p", "outputs": {"a": "x", "b": "y"}, "metrics": {"a": {"m": "hi"}}}\n',
-            r"field 'metrics.a'",
+            r"line 1, field 'metrics.a.m': must be a number",
         ),
         (
             '{"prompt": "p", "outputs": [{"system": "a", "text": "x"}, {"system": "a", "text": "y"}]}\n',
@@ -65,37 +67,37 @@ def test_upload_all_or_nothing_names_line_and_field(researcher):
         ),
     ]
     for data, pattern in bad_lines:
-        with pytest.raises(services.UploadError, match=pattern):
-            services.create_campaign_from_upload("bad", data, user=researcher)
+        with pytest.raises(UploadError, match=pattern):
+            uploads.create_campaign_from_upload("bad", data, user=researcher)
     assert Campaign.objects.count() == 0 and Item.objects.count() == 0  # nothing imported
-    camp = services.create_campaign_from_upload("ok", sentiment_upload(4, gold=2), user=researcher)
+    camp = uploads.create_campaign_from_upload("ok", sentiment_upload(4, gold=2), user=researcher)
     assert camp.items.count() == 6 and camp.items.exclude(gold="").count() == 2
     assert camp.systems == ["pos", "neg"]  # gold systems are not ranked
 
 
 def test_start_requires_items_and_enough_annotators(researcher):
-    camp = services.create_campaign_from_upload("c", sentiment_upload(2), overlap=3)
-    with pytest.raises(services.AnnotationError, match=r"not enough annotators: 0 joined.*overlap 3"):
-        services.start_campaign(camp)
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(2), overlap=3)
+    with pytest.raises(AnnotationError, match=r"not enough annotators: 0 joined.*overlap 3"):
+        campaigns.start_campaign(camp)
     for u in [make_user(f"u{i}") for i in range(3)]:
-        services.add_member(camp, u)
-    assert services.start_campaign(camp).status == "active"
-    gold_only = services.create_campaign_from_upload(
+        invites.add_member(camp, u)
+    assert campaigns.start_campaign(camp).status == "active"
+    gold_only = uploads.create_campaign_from_upload(
         "g", '{"prompt": "p", "outputs": {"a": "x", "b": "y"}, "gold": "a"}\n', overlap=1
     )
-    assert "no items to judge" in services.start_problems(gold_only)[0]
+    assert "no items to judge" in campaigns.start_problems(gold_only)[0]
 
 
 def test_assignment_least_judged_overlap_and_no_repeats():
-    camp = services.create_campaign_from_upload("c", sentiment_upload(4), overlap=2)
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(4), overlap=2)
     users = [make_user(f"u{i}") for i in range(3)]
     for u in users:
-        services.add_member(camp, u)
-    services.start_campaign(camp)
+        invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
     # User 0 takes an item; user 1 must get a DIFFERENT (less-judged) item.
-    a0 = services.next_item(camp, users[0])
-    assert services.next_item(camp, users[0]).pk == a0.pk  # an open assignment is resumed, not duplicated
-    a1 = services.next_item(camp, users[1])
+    a0 = assignment.next_item(camp, users[0])
+    assert assignment.next_item(camp, users[0]).pk == a0.pk  # an open assignment is resumed, not duplicated
+    a1 = assignment.next_item(camp, users[1])
     assert a1.item_id != a0.item_id
     _judge_all(camp, users, lambda item, u: "a")
     counts = list(Item.objects.filter(campaign=camp).values_list("judgment_count", flat=True))
@@ -108,84 +110,124 @@ def test_assignment_least_judged_overlap_and_no_repeats():
 
 
 def test_tampered_replayed_and_foreign_submissions_are_rejected():
-    camp = services.create_campaign_from_upload("c", sentiment_upload(3), overlap=1)
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(3), overlap=1)
     u1, u2 = make_user("u1"), make_user("u2")
     outsider = make_user("outsider")
-    services.add_member(camp, u1)
-    services.add_member(camp, u2)
-    services.start_campaign(camp)
-    a = services.next_item(camp, u1)
+    invites.add_member(camp, u1)
+    invites.add_member(camp, u2)
+    campaigns.start_campaign(camp)
+    a = assignment.next_item(camp, u1)
     other_item = camp.items.exclude(pk=a.item_id).first()
-    with pytest.raises(services.Rejected, match="not assigned to you"):
-        services.record_judgment(u2, a.token, item_id=a.item_id, choice="left")
-    with pytest.raises(services.Rejected, match="does not match"):
-        services.record_judgment(u1, a.token, item_id=other_item.pk, choice="left")
-    with pytest.raises(services.Rejected, match="not assigned to you"):
-        services.record_judgment(u1, "forged-token", item_id=a.item_id, choice="left")
-    with pytest.raises(services.Rejected, match="unknown choice"):
-        services.record_judgment(u1, a.token, item_id=a.item_id, choice="a_sneaky_value")
-    with pytest.raises(services.AnnotationError, match="not an annotator"):
-        services.next_item(camp, outsider)
-    j = services.record_judgment(u1, a.token, item_id=a.item_id, choice="left", seconds=3.5)
+    with pytest.raises(Rejected, match="not assigned to you"):
+        assignment.record_judgment(u2, a.token, item_id=a.item_id, choice="left")
+    with pytest.raises(Rejected, match="does not match"):
+        assignment.record_judgment(u1, a.token, item_id=other_item.pk, choice="left")
+    with pytest.raises(Rejected, match="not assigned to you"):
+        assignment.record_judgment(u1, "forged-token", item_id=a.item_id, choice="left")
+    with pytest.raises(Rejected, match="unknown choice"):
+        assignment.record_judgment(u1, a.token, item_id=a.item_id, choice="a_sneaky_value")
+    with pytest.raises(AnnotationError, match="not an annotator"):
+        assignment.next_item(camp, outsider)
+    j = assignment.record_judgment(u1, a.token, item_id=a.item_id, choice="left", seconds=3.5)
     assert j.choice == ("a" if a.left_is_a else "b") and j.left_is_a == a.left_is_a
-    with pytest.raises(services.Rejected, match="duplicate"):
-        services.record_judgment(u1, a.token, item_id=a.item_id, choice="right")
+    with pytest.raises(Rejected, match="duplicate"):
+        assignment.record_judgment(u1, a.token, item_id=a.item_id, choice="right")
     assert Judgment.objects.count() == 1
-    services.close_campaign(camp)
+    campaigns.close_campaign(camp)
     b = Assignment.objects.create(campaign=camp, item=other_item, annotator=u2)
-    with pytest.raises(services.Rejected, match="not active"):
-        services.record_judgment(u2, b.token, item_id=other_item.pk, choice="left")
+    with pytest.raises(Rejected, match="not active"):
+        assignment.record_judgment(u2, b.token, item_id=other_item.pk, choice="left")
 
 
 def test_left_right_randomisation_is_recorded_and_mapped():
-    camp = services.create_campaign_from_upload("c", sentiment_upload(40), overlap=1)
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(40), overlap=1)
     u = make_user("u")
-    services.add_member(camp, u)
-    services.start_campaign(camp)
+    invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
     sides = []
-    while (a := services.next_item(camp, u)) is not None:
-        shown = services.display_item(a)
+    while (a := assignment.next_item(camp, u)) is not None:
+        shown = assignment.display_item(a)
         assert "pos" not in json.dumps(shown) or "pos" in a.item.prompt  # no system ids shown
         sides.append(a.left_is_a)
         # The annotator always picks the positive text, wherever it is displayed.
         choice = "left" if shown["left"] == a.item.output_a else "right"
         if a.item.system_a == "neg":
             choice = "right" if choice == "left" else "left"
-        services.record_judgment(u, a.token, item_id=a.item_id, choice=choice)
+        assignment.record_judgment(u, a.token, item_id=a.item_id, choice=choice)
     assert 5 < sum(sides) < 35  # both placements occur
     stored = {(j.item.system_a, j.choice) for j in Judgment.objects.select_related("item")}
     assert all((s == "pos") == (c == "a") for s, c in stored)
 
 
 def test_undo_and_skip_keep_counts_consistent():
-    camp = services.create_campaign_from_upload("c", sentiment_upload(3), overlap=1)
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(3), overlap=1)
     u = make_user("u")
-    services.add_member(camp, u)
-    services.start_campaign(camp)
-    a = services.next_item(camp, u)
-    services.record_judgment(u, a.token, item_id=a.item_id, choice="tie")
-    b = services.next_item(camp, u)
-    back = services.undo_last(camp, u)
+    invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
+    a = assignment.next_item(camp, u)
+    assignment.record_judgment(u, a.token, item_id=a.item_id, choice="tie")
+    b = assignment.next_item(camp, u)
+    back = assignment.undo_last(camp, u)
     assert back.item_id == a.item_id and back.token != a.token and Judgment.objects.count() == 0
     assert Item.objects.get(pk=b.item_id).slots_taken == 0  # the item shown after it went back to the pool
-    assert services.next_item(camp, u).pk == back.pk
-    with pytest.raises(services.Rejected):
-        services.record_judgment(u, a.token, item_id=a.item_id, choice="left")  # old token is dead
-    services.record_judgment(u, back.token, item_id=a.item_id, choice="left")
-    c = services.next_item(camp, u)
-    services.skip_item(u, c.token)
-    assert Item.objects.get(pk=c.item_id).slots_taken == 0
-    d = services.next_item(camp, u)
-    assert d.item_id not in (a.item_id, c.item_id)  # skipped items are not offered again
-    assert services.progress_for(camp, u) == {"done": 1, "total": 2}
+    assert assignment.next_item(camp, u).pk == back.pk
+    with pytest.raises(Rejected):
+        assignment.record_judgment(u, a.token, item_id=a.item_id, choice="left")  # old token is dead
+    assignment.record_judgment(u, back.token, item_id=a.item_id, choice="left")
+    c = assignment.next_item(camp, u)
+    assignment.skip_item(u, c.token)
+    assert Item.objects.get(pk=c.item_id).slots_taken == 0  # the slot is free for others at once
+    assert assignment.progress_for(camp, u) == {"done": 1, "total": 3, "skipped": 1}  # not shrunk
+    d = assignment.next_item(camp, u)
+    assert d.item_id not in (a.item_id, c.item_id)  # unseen items come first
+
+
+def test_skipped_items_come_back_once_at_the_end_of_the_queue():
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(3), overlap=1)
+    u = make_user("u")
+    invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
+    first = assignment.next_item(camp, u)
+    assignment.skip_item(u, first.token)
+    served = []
+    while (a := assignment.next_item(camp, u)) is not None and a.item_id != first.item_id:
+        served.append(a.item_id)
+        assignment.record_judgment(u, a.token, item_id=a.item_id, choice="left")
+    assert len(served) == 2 and a is not None  # the skipped item came back after the other two
+    assert a.item_id == first.item_id and a.token != first.token and a.status == "open"
+    with pytest.raises(Rejected):
+        assignment.record_judgment(u, first.token, item_id=first.item_id, choice="left")  # old token is dead
+    assert assignment.progress_for(camp, u) == {"done": 2, "total": 3, "skipped": 0}
+    assignment.skip_item(u, a.token)  # skipped a second time: final for this annotator
+    assert assignment.next_item(camp, u) is None
+    assert assignment.progress_for(camp, u) == {"done": 2, "total": 2, "skipped": 0}
+    assert Item.objects.get(pk=first.item_id).slots_taken == 0  # still open to everyone else
+    other = make_user("other")
+    invites.add_member(camp, other)
+    assert assignment.next_item(camp, other).item_id == first.item_id
+
+
+def test_a_skipped_item_filled_by_others_does_not_come_back():
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(1), overlap=1)
+    u, v = make_user("u"), make_user("v")
+    invites.add_member(camp, u)
+    invites.add_member(camp, v)
+    campaigns.start_campaign(camp)
+    a = assignment.next_item(camp, u)
+    assignment.skip_item(u, a.token)
+    b = assignment.next_item(camp, v)
+    assert b.item_id == a.item_id
+    assignment.record_judgment(v, b.token, item_id=b.item_id, choice="tie")
+    assert assignment.next_item(camp, u) is None  # the only slot went to v: nothing over the overlap
+    assert assignment.progress_for(camp, u) == {"done": 0, "total": 0, "skipped": 0}
 
 
 def test_results_rank_the_preferred_system_with_agreement_and_metrics():
-    camp = services.create_campaign_from_upload("c", sentiment_upload(12, gold=2), overlap=3)
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(12, gold=2), overlap=3)
     users = [make_user(f"u{i}") for i in range(3)]
     for u in users:
-        services.add_member(camp, u)
-    services.start_campaign(camp)
+        invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
 
     def pick(item, u):
         if item.gold:
@@ -196,7 +238,7 @@ def test_results_rank_the_preferred_system_with_agreement_and_metrics():
         return "a" if pos_is_a else "b"
 
     _judge_all(camp, users, pick)
-    res = services.campaign_results(camp, n_bootstrap=100)
+    res = results.campaign_results(camp)
     bt = res["bradley_terry"]
     rating = dict(zip(bt["systems"], bt["rating"]))
     ranks = dict(zip(bt["systems"], bt["rank"]))
@@ -218,10 +260,10 @@ def test_results_rank_the_preferred_system_with_agreement_and_metrics():
         and ma["positivity"]["n"] == 12
     )
     # Exports: JSONL pairs prompt/chosen/rejected with metadata, CSV with one row per judgment.
-    pairs = [json.loads(x) for x in services.export_jsonl(camp).splitlines()]
+    pairs = [json.loads(x) for x in exports.export_jsonl(camp).splitlines()]
     assert pairs and all(set(p) == {"prompt", "chosen", "rejected", "meta"} for p in pairs)
     assert all(p["meta"]["system_chosen"] == "pos" for p in pairs)
-    rows = list(csv.DictReader(io.StringIO(services.export_csv(camp))))
+    rows = list(csv.DictReader(io.StringIO(exports.export_csv(camp))))
     assert len(rows) == Judgment.objects.count() == 42
     assert {r["winner"] for r in rows} <= {"pos", "neg", "good", "bad", ""}
 
@@ -231,38 +273,68 @@ def test_likert_campaign_scores_and_results():
         json.dumps({"prompt": f"p{i}", "outputs": {"s1": f"fine text {i}", "s2": f"poor {i}"}})
         for i in range(3)
     )
-    camp = services.create_campaign_from_upload("lik", data, kind="likert", overlap=2)
+    camp = uploads.create_campaign_from_upload("lik", data, kind="likert", overlap=2)
     users = [make_user(f"u{i}") for i in range(2)]
     for u in users:
-        services.add_member(camp, u)
-    services.start_campaign(camp)
+        invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
     for u in users:
-        while (a := services.next_item(camp, u)) is not None:
+        while (a := assignment.next_item(camp, u)) is not None:
             hi = a.item.system_a == "s1"
-            with pytest.raises(services.Rejected, match="relevance"):
-                services.record_judgment(u, a.token, scores={"fluency": 5})
-            with pytest.raises(services.Rejected, match="1–5"):
-                services.record_judgment(u, a.token, scores={"fluency": 9, "relevance": 1})
-            services.record_judgment(
+            with pytest.raises(Rejected, match="relevance"):
+                assignment.record_judgment(u, a.token, scores={"fluency": 5})
+            with pytest.raises(Rejected, match="1–5"):
+                assignment.record_judgment(u, a.token, scores={"fluency": 9, "relevance": 1})
+            assignment.record_judgment(
                 u, a.token, scores={"fluency": 5 if hi else 2, "relevance": 4 if hi else 1}
             )
-    res = services.campaign_results(camp)
+    res = results.campaign_results(camp)
     assert res["likert"]["fluency"]["s1"]["mean"] == 5 and res["likert"]["fluency"]["s2"]["mean"] == 2
     assert res["agreement"]["per_axis"]["fluency"]["krippendorff_alpha"] == 1.0
 
 
-def test_human_eval_for_run_and_leaderboard(two_runs):
+def test_same_ranking_everywhere_and_too_little_data_below_the_threshold(two_runs, researcher_client):
+    """Results page, human leaderboard and run page show one function's numbers for a campaign; below
+    ANNOTATION_MIN_COMPARISONS (10) comparisons per system nothing is ranked."""
     good, bad = two_runs
-    camp = services.create_campaign_from_runs("cmp", [good.pk, bad.pk], overlap=1)
-    u = make_user("u")
-    services.add_member(camp, u)
-    services.start_campaign(camp)
-    _judge_all(camp, [u], lambda item, _u: "a" if item.system_a == f"run:{good.pk}" else "b")
-    he = services.human_eval_for_run(good)
-    assert he[0]["campaign_id"] == camp.pk and he[0]["rank"] == 1 and he[0]["win_rate"] == 1.0
-    assert services.human_eval_for_run(bad)[0]["rating"] < he[0]["rating"]
-    board = services.leaderboard()[0]
-    assert [r["run_id"] for r in board["rows"]] == [good.pk, bad.pk]
+    camp = campaigns.create_campaign_from_runs("cmp", [good.pk, bad.pk], overlap=2)
+    u1, u2 = make_user("u1"), make_user("u2")
+    invites.add_member(camp, u1)
+    invites.add_member(camp, u2)
+    campaigns.start_campaign(camp)
+    good_wins = lambda item, _u: "a" if item.system_a == f"run:{good.pk}" else "b"  # noqa: E731
+    _judge_all(camp, [u1], good_wins)  # 6 comparisons per system
+
+    def intervals(html: str) -> list[str]:
+        return re.findall(r'class="num bt-interval">([^<]+)<', html)
+
+    he = results.human_eval_for_run(good)[0]
+    assert he["rank"] is None and "Too little data to rank" in he["message"] and "has 6" in he["message"]
+    res = results.campaign_results(camp)
+    board = results.leaderboard()[0]
+    assert res["ranking"]["rows"] == board["ranking"]["rows"]  # the same ratings and intervals
+    assert (he["low"], he["high"]) == (
+        board["ranking"]["rows"][0]["low"],
+        board["ranking"]["rows"][0]["high"],
+    )
+    results_html = researcher_client.get(f"/annotate/campaigns/{camp.pk}/results/").content.decode()
+    board_html = researcher_client.get("/annotate/leaderboard/").content.decode()
+    run_html = researcher_client.get(f"/runs/{good.pk}/").content.decode()
+    assert intervals(results_html) == intervals(board_html) and len(intervals(results_html)) == 2
+    for html in (results_html, board_html):
+        assert "Too little data to rank" in html
+    assert "too little data to rank" in run_html
+
+    _judge_all(camp, [u2], good_wins)  # 12 comparisons per system: ranked
+    he = results.human_eval_for_run(good)[0]
+    assert he["campaign_id"] == camp.pk and he["rank"] == 1 and he["win_rate"] == 1.0 and he["n"] == 12
+    worse = results.human_eval_for_run(bad)[0]
+    assert worse["rank"] == 2 and worse["high"] < he["low"]
+    board = results.leaderboard()[0]
+    assert [r["run_id"] for r in board["ranking"]["rows"]] == [good.pk, bad.pk]
+    results_html = researcher_client.get(f"/annotate/campaigns/{camp.pk}/results/").content.decode()
+    board_html = researcher_client.get("/annotate/leaderboard/").content.decode()
+    assert intervals(results_html) == intervals(board_html) and "Too little data" not in board_html
 
 
 def test_expired_reservations_are_reclaimed_when_nothing_else_is_left():
@@ -270,33 +342,36 @@ def test_expired_reservations_are_reclaimed_when_nothing_else_is_left():
 
     from django.utils import timezone
 
-    camp = services.create_campaign_from_upload("c", sentiment_upload(1), overlap=1)
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(1), overlap=1)
     gone, other = make_user("gone"), make_user("other")
-    services.add_member(camp, gone)
-    services.add_member(camp, other)
-    services.start_campaign(camp)
-    stale = services.next_item(camp, gone)  # then the tab is closed
-    assert services.next_item(camp, other) is None  # the only slot is reserved
+    invites.add_member(camp, gone)
+    invites.add_member(camp, other)
+    campaigns.start_campaign(camp)
+    stale = assignment.next_item(camp, gone)  # then the tab is closed
+    assert assignment.next_item(camp, other) is None  # the only slot is reserved
     Assignment.objects.filter(pk=stale.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    fresh = services.next_item(camp, other)
+    fresh = assignment.next_item(camp, other)
     assert fresh is not None and fresh.item_id == stale.item_id
     assert Item.objects.get(pk=fresh.item_id).slots_taken == 1  # released once, taken once
-    with pytest.raises(services.Rejected, match="already submitted or skipped"):
-        services.record_judgment(gone, stale.token, item_id=stale.item_id, choice="left")
+    with pytest.raises(Rejected, match="already submitted or skipped"):
+        assignment.record_judgment(gone, stale.token, item_id=stale.item_id, choice="left")
 
 
-def test_run_page_panel_tag_renders_human_eval(two_runs):
-    from django.template import Context, Template
+def test_run_page_panel_renders_human_eval(two_runs, settings, rf):
+    """The panel the annotation app registers with the runs app (webapp.runs.extensions)."""
+    from annotation.plugins import human_eval_panel
+    from webapp.runs import extensions
 
+    settings.ANNOTATION_MIN_COMPARISONS = 5
     good, bad = two_runs
-    tpl = Template("{% load annotation_tags %}{% human_eval_panel run %}")
-    assert "Not in any started annotation campaign" in tpl.render(Context({"run": good}))
-    camp = services.create_campaign_from_runs("panel", [good.pk, bad.pk], overlap=1)
+    assert "human-eval" in [name for name, _ in extensions.run_panels(rf.get("/"), good)]
+    assert "Not in any started annotation campaign" in human_eval_panel(rf.get("/"), good)
+    camp = campaigns.create_campaign_from_runs("panel", [good.pk, bad.pk], overlap=1)
     u = make_user("u")
-    services.add_member(camp, u)
-    services.start_campaign(camp)
+    invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
     _judge_all(camp, [u], lambda item, _u: "a" if item.system_a == f"run:{good.pk}" else "b")
-    html = tpl.render(Context({"run": good}))
+    html = human_eval_panel(rf.get("/"), good)
     assert "panel" in html and "1 of 2" in html
 
 
@@ -306,45 +381,46 @@ def test_likert_axes_presets_follow_rl4lms_templates():
     assert [a["name"] for a in AXES_PRESETS["imdb"]] == ["coherence", "sentiment"]
     assert [a["name"] for a in AXES_PRESETS["commongen"]] == ["fluency", "commonsense"]
     data = json.dumps({"prompt": "p", "outputs": {"s": "t"}})
-    camp = services.create_campaign_from_upload("lik", data, kind="likert", axes=AXES_PRESETS["commongen"])
+    camp = uploads.create_campaign_from_upload("lik", data, kind="likert", axes=AXES_PRESETS["commongen"])
     assert camp.axes == AXES_PRESETS["commongen"]
 
 
 def test_csv_export_neutralises_formulas_and_signup_validates_names():
     data = json.dumps({"prompt": '=HYPERLINK("http://evil")', "outputs": {"a": "+1", "b": "fine"}})
-    camp = services.create_campaign_from_upload("f", data, overlap=1)
+    camp = uploads.create_campaign_from_upload("f", data, overlap=1)
     u = make_user("u")
-    services.add_member(camp, u)
-    services.start_campaign(camp)
-    a = services.next_item(camp, u)
-    services.record_judgment(u, a.token, item_id=a.item_id, choice="left", rationale="@cmd")
-    row = next(csv.DictReader(io.StringIO(services.export_csv(camp))))
+    invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
+    a = assignment.next_item(camp, u)
+    assignment.record_judgment(u, a.token, item_id=a.item_id, choice="left", rationale="@cmd")
+    row = next(csv.DictReader(io.StringIO(exports.export_csv(camp))))
     assert row["prompt"].startswith("'=") and row["rationale"] == "'@cmd"
     assert "'+1" in (row["output_a"], row["output_b"])
-    inv = services.create_invite(camp)
-    with pytest.raises(services.AnnotationError, match="letters, numbers"):
-        services.signup_with_invite(inv.token, "bad name <script>", "a-long-password")
+    inv = invites.create_invite(camp)
+    with pytest.raises(AnnotationError, match="letters, numbers"):
+        invites.signup_with_invite(inv.token, "bad name <script>", "a-long-password")
 
 
 def test_removed_annotator_cannot_submit_an_open_assignment():
-    camp = services.create_campaign_from_upload("c", sentiment_upload(2), overlap=1)
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(2), overlap=1)
     u = make_user("u")
-    services.add_member(camp, u)
-    services.start_campaign(camp)
-    a = services.next_item(camp, u)
+    invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
+    a = assignment.next_item(camp, u)
     camp.memberships.filter(user=u).delete()
-    with pytest.raises(services.Rejected, match="not an annotator"):
-        services.record_judgment(u, a.token, item_id=a.item_id, choice="left")
+    with pytest.raises(Rejected, match="not an annotator"):
+        assignment.record_judgment(u, a.token, item_id=a.item_id, choice="left")
     assert Judgment.objects.count() == 0
 
 
-def test_run_page_shows_its_human_evaluation(two_runs, researcher_client):
+def test_run_page_shows_its_human_evaluation(two_runs, researcher_client, settings):
     """The run page (platform view) embeds the campaign ranking of that run."""
+    settings.ANNOTATION_MIN_COMPARISONS = 5
     good, bad = two_runs
-    camp = services.create_campaign_from_runs("judged-on-run-page", [good.pk, bad.pk], overlap=1)
+    camp = campaigns.create_campaign_from_runs("judged-on-run-page", [good.pk, bad.pk], overlap=1)
     u = make_user("judge")
-    services.add_member(camp, u)
-    services.start_campaign(camp)
+    invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
     _judge_all(camp, [u], lambda item, _u: "a" if item.system_a == f"run:{good.pk}" else "b")
     html = researcher_client.get(f"/runs/{good.pk}/").content.decode()
     assert 'id="human-eval"' in html and "judged-on-run-page" in html and "1 of 2" in html

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from annotation import stats
@@ -76,14 +77,14 @@ def test_krippendorff_alpha_wikipedia_example():
 
 
 def test_bradley_terry_two_players_closed_form():
-    # A beats B 3 times of 4: MLE odds 3, Elo-scale gap 400*log10(3) = 190.85.
-    r = stats.bradley_terry([("A", "B", "a")] * 3 + [("A", "B", "b")], n_bootstrap=0)
+    # A beats B 3 times of 4: MLE odds 3, Elo-scale gap 400*log10(3) = 190.85 (prior_sd=None: the MLE).
+    r = stats.bradley_terry([("A", "B", "a")] * 3 + [("A", "B", "b")], n_bootstrap=0, prior_sd=None)
     gap = r["rating"][0] - r["rating"][1]
     assert gap == pytest.approx(400 * math.log10(3), abs=0.01)
     assert sum(r["rating"]) / 2 == pytest.approx(1000)
     # Ties count half a win each: 2 wins + 2 ties = 3 of 4 points, the same gap.
     r2 = stats.bradley_terry(
-        [("A", "B", "a")] * 2 + [("A", "B", "tie"), ("B", "A", "both_bad")], n_bootstrap=0
+        [("A", "B", "a")] * 2 + [("A", "B", "tie"), ("B", "A", "both_bad")], n_bootstrap=0, prior_sd=None
     )
     assert r2["rating"][0] - r2["rating"][1] == pytest.approx(gap, abs=0.01)
 
@@ -95,7 +96,7 @@ def test_bradley_terry_small_tournament_score_equations_and_ranks():
     comps = []
     for (x, y), w in games.items():
         comps += [(x, y, "a")] * w + [(x, y, "b")] * (10 - w)
-    r = stats.bradley_terry(comps, n_bootstrap=200, seed=1)
+    r = stats.bradley_terry(comps, n_bootstrap=200, seed=1, prior_sd=None)
     rating = dict(zip(r["systems"], r["rating"]))
     observed = {"A": 15, "B": 9, "C": 6}
     for p in "ABC":
@@ -113,6 +114,65 @@ def test_bradley_terry_undefeated_player_stays_finite():
     r = stats.bradley_terry([("A", "B", "a")] * 5, n_bootstrap=20)
     assert all(math.isfinite(x) for x in r["rating"] + r["low"] + r["high"])
     assert r["rating"][0] > r["rating"][1]
+
+
+def test_bradley_terry_prior_solves_the_map_equations_in_closed_form():
+    # Two players, A wins w of n: the MAP under θ ~ N(0, sd²) with θ_A = t = −θ_B solves
+    # (w − n σ(2t)) = t / sd². Check the fitted gap against a root found by bisection.
+    for w, n, sd in [(1, 1, 1.0), (3, 4, 1.0), (9, 10, 0.5), (40, 50, 2.0)]:
+        r = stats.bradley_terry(
+            [("A", "B", "a")] * w + [("A", "B", "b")] * (n - w), n_bootstrap=0, prior_sd=sd
+        )
+        lo, hi = 0.0, 20.0
+        for _ in range(200):
+            t = (lo + hi) / 2
+            if w - n / (1 + math.exp(-2 * t)) - t / sd**2 > 0:
+                lo = t
+            else:
+                hi = t
+        assert r["rating"][0] - r["rating"][1] == pytest.approx(2 * t * 400 / math.log(10), abs=0.01)
+
+
+def test_one_judgment_gives_a_modest_gap_and_a_wide_interval():
+    """Issue 13: one judgment gave 2044 vs −44 with a zero-width interval and ranks 1/2."""
+    r = stats.bradley_terry([("A", "B", "a")], n_bootstrap=1000)
+    gap = r["rating"][0] - r["rating"][1]
+    assert 50 < gap < 200  # measured 117
+    assert all(h - lo > 300 for lo, h in zip(r["low"], r["high"]))  # measured ~400 wide
+    assert r["rank"] == [1, 1]  # the intervals overlap: no ranking from one judgment
+    # One system always winning (separated data): the bootstrap alone is zero-width, the interval is not.
+    r5 = stats.bradley_terry([("A", "B", "a")] * 5, n_bootstrap=200)
+    assert all(h - lo > 200 for lo, h in zip(r5["low"], r5["high"]))
+    assert all(math.isfinite(x) for x in r5["rating"] + r5["low"] + r5["high"])
+
+
+def test_bradley_terry_with_lots_of_data_matches_an_independent_fit():
+    """With ~1,000 comparisons per system the prior's pull is a few rating points: the ratings match
+    a maximum-likelihood fit by scipy's general-purpose optimiser on the same likelihood."""
+    from scipy.optimize import minimize
+
+    rng = np.random.default_rng(3)
+    true = {"A": 0.8, "B": 0.3, "C": 0.0, "D": -0.6}
+    names = list(true)
+    comps = []
+    for _ in range(2000):
+        i, j = rng.choice(4, size=2, replace=False)
+        p = 1 / (1 + math.exp(-(true[names[i]] - true[names[j]])))
+        comps.append((names[i], names[j], "a" if rng.random() < p else "b"))
+    r = stats.bradley_terry(comps, names, n_bootstrap=200)
+
+    def nll(theta: np.ndarray) -> float:
+        t = dict(zip(names, theta))
+        return -sum(
+            math.log(1 / (1 + math.exp(-(t[a] - t[b]) if o == "a" else (t[a] - t[b])))) for a, b, o in comps
+        )
+
+    fit = minimize(nll, np.zeros(4), method="BFGS").x
+    fit = 1000 + (fit - fit.mean()) * 400 / math.log(10)
+    assert np.max(np.abs(np.array(r["rating"]) - fit)) < 5  # Elo points; measured < 2
+    assert r["rank"][0] == 1 and r["rank"][3] == 4  # clearly separated ends are ranked
+    for i in range(4):
+        assert r["low"][i] < fit[i] < r["high"][i]
 
 
 def test_win_rate_matrix_counts_ties_half_with_intervals():

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from annotation import services
+from annotation import assignment, campaigns, invites, uploads
 from annotation.models import Campaign, Judgment
 from tests.annotation.conftest import make_run, make_user
 
@@ -47,11 +47,11 @@ def _upload(n: int) -> str:
 @pytest.mark.django_db(transaction=True)
 def test_annotator_judges_with_the_keyboard(page: Any, asgi_server: Any) -> None:
     ann = make_user("kbd")
-    camp = services.create_campaign_from_upload(
+    camp = uploads.create_campaign_from_upload(
         "keyboard campaign", _upload(4), overlap=1, instructions="Pick the better one."
     )
-    services.add_member(camp, ann)
-    services.start_campaign(camp)
+    invites.add_member(camp, ann)
+    campaigns.start_campaign(camp)
     base = asgi_server.url
     url = f"/annotate/c/{camp.pk}/"
     login(page, base, "kbd", "pw-kbd-123", url)
@@ -119,11 +119,11 @@ def test_annotator_scores_likert_axes_with_the_keyboard(page: Any, asgi_server: 
     data = json.dumps(
         {"prompt": "Concepts: dog, frisbee, catch", "outputs": {"S": "The dog catches a frisbee."}}
     )
-    camp = services.create_campaign_from_upload(
+    camp = uploads.create_campaign_from_upload(
         "likert", data, kind="likert", overlap=1, axes=AXES_PRESETS["commongen"]
     )
-    services.add_member(camp, ann)
-    services.start_campaign(camp)
+    invites.add_member(camp, ann)
+    campaigns.start_campaign(camp)
     url = f"/annotate/c/{camp.pk}/"
     login(page, asgi_server.url, "lik", "pw-lik-123", url)
     ready(page)
@@ -150,8 +150,8 @@ def test_researcher_runs_a_blind_comparison_in_the_browser(
 ) -> None:
     """The whole loop: compare two runs blind, 3 annotators, results with intervals and agreement,
     train a reward model from the judgments (real worker), launch a new run that optimises it."""
+    from webapp.runs.lifecycle import cancel_run
     from webapp.runs.models import Run
-    from webapp.runs.services import cancel_run
 
     prompts = [f"Continue the review {i}:" for i in range(5)]
     good = make_run("kind-run", prompts, [f"a lovely film {i}" for i in range(5)], rewards=[0.9] * 5)
@@ -177,17 +177,17 @@ def test_researcher_runs_a_blind_comparison_in_the_browser(
     token = invite_url.rstrip("/").rsplit("/", 1)[-1]
     raters = [make_user(f"r{i}", group=None) for i in range(3)]
     for u in raters:
-        services.accept_invite(token, u)
+        invites.accept_invite(token, u)
     page.click("#start-btn")
     expect(page.locator("#status")).to_have_text("active")
     camp.refresh_from_db()
     for k, u in enumerate(raters):
-        while (a := services.next_item(camp, u)) is not None:
+        while (a := assignment.next_item(camp, u)) is not None:
             good_left = (a.item.system_a == f"run:{good.pk}") == a.left_is_a
             choice = "left" if good_left else "right"
             if k == 2 and a.item.order == 0:
                 choice = "tie"
-            services.record_judgment(u, a.token, item_id=a.item_id, choice=choice)
+            assignment.record_judgment(u, a.token, item_id=a.item_id, choice=choice)
 
     page.click("#results-link")
     rows = page.locator("#bt-table tbody tr")

@@ -27,15 +27,9 @@
 
   if (res.kind === "pairwise") {
     const bt = res.bradley_terry, wr = res.win_rates;
-    const overall = {};
-    wr.overall.forEach(function (o) { overall[o.system] = o; });
+    // The ranking table is rendered on the server (the same template as the leaderboard's); the chart
+    // draws the same ratings and intervals.
     const order = bt.systems.map(function (s, i) { return i; }).sort(function (a, b) { return bt.rating[b] - bt.rating[a]; });
-    const tb = document.querySelector("#bt-table tbody");
-    order.forEach(function (i) {
-      const s = bt.systems[i], o = overall[s];
-      row(tb, [String(bt.rank[i]), label(s), fmt(bt.rating[i], 0), fmt(bt.low[i], 0) + " – " + fmt(bt.high[i], 0),
-        o.rate === null ? "—" : fmt(o.rate) + " (" + fmt(o.low) + "–" + fmt(o.high) + ")", String(o.n)]);
-    });
     plot("bt-chart", [{
       type: "scatter", mode: "markers", x: order.map(function (i) { return bt.rating[i]; }),
       y: order.map(function (i) { return chartLabel(bt.systems[i]); }),

@@ -1,0 +1,74 @@
+"""Judgments out of the app: preference pairs (JSONL, for reward models and DPO) and a CSV of
+every judgment with spreadsheet formulas neutralised."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from annotation.models import Campaign
+from annotation.results import judgment_rows
+
+
+def preference_pairs(camp: Campaign, include_gold: bool = False) -> list[dict[str, Any]]:
+    """Every decided pairwise judgment as ``{prompt, chosen, rejected, meta}`` (ties/both-bad dropped).
+
+    ``meta.group`` names the input (campaign and item key): ``engine.reward_model.split_heldout``
+    keeps a group on one side of the held-out split."""
+    out = []
+    for r in judgment_rows(camp):
+        if r["choice"] not in ("a", "b") or (r["item__gold"] and not include_gold):
+            continue
+        a_won = r["choice"] == "a"
+        out.append(
+            {
+                "prompt": r["item__prompt"],
+                "chosen": r["item__output_a"] if a_won else r["item__output_b"],
+                "rejected": r["item__output_b"] if a_won else r["item__output_a"],
+                "meta": {
+                    "campaign": camp.pk, "item": r["item_id"], "judgment": r["id"], "annotator": r["annotator_id"],
+                    # Held-out splits group on this: every pair about one input (any two systems,
+                    # any annotator) lands on the same side, so no held-out text was trained on.
+                    "group": f"{camp.pk}:{r['item__key']}",
+                    "system_chosen": r["item__system_a"] if a_won else r["item__system_b"],
+                    "system_rejected": r["item__system_b"] if a_won else r["item__system_a"],
+                    "rationale": r["rationale"], "seconds": r["seconds"], "gold": bool(r["item__gold"]),
+                },
+            }
+        )  # fmt: skip
+    return out
+
+
+def export_jsonl(camp: Campaign) -> str:
+    return "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in preference_pairs(camp))
+
+
+CSV_FIELDS = [
+    "judgment", "campaign", "item", "annotator", "system_a", "system_b", "choice", "winner", "left_is_a",
+    "scores", "seconds", "rationale", "gold", "created", "prompt", "output_a", "output_b",
+]  # fmt: skip
+
+
+def cell(value: Any) -> Any:
+    """Neutralise spreadsheet formulas in user/model text ("=HYPERLINK(...)" opened in Excel)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
+def export_csv(camp: Campaign) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(CSV_FIELDS)
+    for r in judgment_rows(camp):
+        winner = (
+            r["item__system_a"] if r["choice"] == "a" else r["item__system_b"] if r["choice"] == "b" else ""
+        )
+        w.writerow(
+            [cell(v) for v in [r["id"], camp.pk, r["item_id"], r["annotator__username"], r["item__system_a"], r["item__system_b"],
+             r["choice"], winner, r["left_is_a"], json.dumps(r["scores"] or {}), r["seconds"], r["rationale"],
+             r["item__gold"], r["created"].isoformat(), r["item__prompt"], r["item__output_a"], r["item__output_b"]]]
+        )  # fmt: skip
+    return buf.getvalue()

@@ -1,0 +1,25 @@
+"""What the annotation app plugs into the runs app (``webapp.runs.extensions``), from ``ready()``:
+trained reward models as launch-form reward choices, and a run's human-evaluation panel.
+The runs app imports nothing from here; removing this app removes both."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest
+from django.template.loader import render_to_string
+
+from annotation.results import human_eval_for_run
+from annotation.reward_models import reward_choices
+from webapp.runs import extensions
+from webapp.runs.models import Run
+
+
+def human_eval_panel(request: HttpRequest, run: Run) -> str:
+    """The run's rank and interval in every started campaign that judged it (or how to start one)."""
+    return render_to_string(
+        "annotation/_run_human_eval.html", {"rows": human_eval_for_run(run), "run": run}, request=request
+    )
+
+
+def register() -> None:
+    extensions.register_reward_choices(reward_choices)
+    extensions.register_run_panel("human-eval", human_eval_panel, order=50)
