@@ -414,7 +414,63 @@ def test_run_table_filters_sort_pagination_with_1000_runs(
     assert names and all(int(n[4:]) % 3 == 1 and int(n[4:]) % 2 == 0 for n in names)
 
 
+def _options(html: str, select: str) -> list[str]:
+    """The option values of one filter dropdown of the run table."""
+    block = re.search(rf'<select name="{select}"[^>]*>(.*?)</select>', html, re.S)
+    assert block, select
+    return re.findall(r'<option value="([^"]*)"', block.group(1))
+
+
+@pytest.mark.django_db
+def test_run_table_filters_list_each_task_and_algorithm_once(
+    researcher_client: Client, researcher: Any
+) -> None:
+    """60 runs over 2 tasks and 3 algorithms, created at different times: each value once, sorted
+    (the model's default ordering by creation time used to make DISTINCT keep one per run)."""
+    _bulk_runs(60, researcher)
+    html = researcher_client.get("/").content.decode()
+    assert _options(html, "task") == ["", "commongen", "imdb"]
+    assert _options(html, "algorithm") == ["", "nlpo", "ppo", "sft"]
+    assert _options(html, "tag") == ["", "even", "odd"]
+
+
+@pytest.mark.django_db
+def test_run_table_column_chooser_takes_repeated_and_comma_separated_metrics(
+    researcher_client: Client, researcher: Any
+) -> None:
+    keys = [f"eval/metric_{i:02d}" for i in range(30)]
+    make_run(researcher, name="wide", last_metrics={k: i / 10 for i, k in enumerate(keys)})
+    # the chooser's checkboxes repeat ``metrics``; an old URL's comma list still works
+    r = researcher_client.get("/", {"metrics": [keys[3], f"{keys[1]},{keys[2]}", keys[3]]})
+    html = r.content.decode()
+    headers = re.findall(r'<th class="num metric" title="([^"]+)">', html)
+    assert headers == [keys[3], keys[1], keys[2]]
+    row = html[html.index('<tr data-run-id="') :]
+    assert [c for c in re.findall(r'<td class="num">([^<]*)</td>', row)][1:4] == ["0.3", "0.1", "0.2"]
+    # every reported metric is offered in the chooser, the shown ones checked first
+    chooser = html[html.index('id="column-chooser"') : html.index("</details>")]
+    offered = re.findall(r'name="metrics" value="([^"]+)"( checked)?', chooser)
+    assert offered[:3] == [(keys[3], " checked"), (keys[1], " checked"), (keys[2], " checked")]
+    assert {k for k, on in offered[3:] if not on} == set(keys) - {keys[1], keys[2], keys[3]}
+    # the table sits in its own horizontal scroll box
+    assert '<div class="table-scroll" id="runs-table-scroll">' in html
+
+
 # --------------------------------------------------------------------------- compare
+
+
+CELL = r'<td class="num( best)?" data-run="(\d+)"[^>]*>([^<]*)</td>'
+
+
+def _final_cells(html: str) -> dict[tuple[str, int], tuple[str, bool]]:
+    """{(metric key, run id): (shown text, highlighted as best)} from the final-metrics table."""
+    start = html.index('<table id="final-metrics"')
+    table = html[start : html.index("</table>", start)]
+    cells = {}
+    for key, body in re.findall(r'<tr data-key="([^"]+)">(.*?)</tr>', table, re.S):
+        for cls, run_id, text in re.findall(CELL, body):
+            cells[(key, int(run_id))] = (text, bool(cls))
+    return cells
 
 
 @pytest.mark.django_db
@@ -425,8 +481,28 @@ def test_compare_shows_only_differing_config_keys_finals_and_generations(
     b_cfg = json.loads(json.dumps(TINY))
     b_cfg["algorithm"] = {"learning_rate": 0.001}
     b_cfg["name"] = "b"
-    a = make_run(researcher, config=a_cfg, name="a", last_metrics={"train/reward_mean": 0.1})
-    b = make_run(researcher, config=b_cfg, name="b", last_metrics={"train/reward_mean": 0.9})
+    a = make_run(
+        researcher,
+        config=a_cfg,
+        name="a",
+        last_metrics={
+            "train/reward_mean": 0.1,
+            "loss/value": 0.5,
+            "eval/lexical/ter": 0.3,
+            "train/kl_coef": 0.2,
+        },
+    )
+    b = make_run(
+        researcher,
+        config=b_cfg,
+        name="b",
+        last_metrics={
+            "train/reward_mean": 0.9,
+            "loss/value": 0.25,
+            "eval/lexical/ter": 0.4,
+            "train/kl_coef": 0.1,
+        },
+    )
     for run, gen in ((a, "<b>one</b>"), (b, "two")):
         Sample.objects.create(
             run=run, step=1, split="validation", sample_id="s1", prompt="p1", generation="old"
@@ -436,15 +512,55 @@ def test_compare_shows_only_differing_config_keys_finals_and_generations(
         )
     r = researcher_client.get("/compare/", {"ids": f"{a.pk},{b.pk}"})
     html = r.content.decode()
-    diff_keys = re.findall(r'<tr data-key="([^"]+)">', html)
+    start = html.index('id="config-diff"')
+    diff_keys = re.findall(r'<tr data-key="([^"]+)">', html[start : html.index("</table>", start)])
     assert set(diff_keys) == {"algorithm.learning_rate", "name"}
-    assert "0.9" in html and "0.1" in html
+    # Final metrics: a row per metric, a column per run, the better value highlighted per metric.
+    cells = _final_cells(html)
+    assert cells == {
+        ("train/reward_mean", a.pk): ("0.1", False),
+        ("train/reward_mean", b.pk): ("0.9", True),  # reward: higher is better
+        ("train/kl_coef", a.pk): ("0.2", False),  # β: no better direction, nothing highlighted
+        ("train/kl_coef", b.pk): ("0.1", False),
+        ("loss/value", a.pk): ("0.5", False),
+        ("loss/value", b.pk): ("0.25", True),  # loss: lower is better
+        ("eval/lexical/ter", a.pk): ("0.3", True),  # TER: lower is better
+        ("eval/lexical/ter", b.pk): ("0.4", False),
+    }
+    # grouped and ordered as the run page's charts
+    final = html[html.index('id="final-metrics"') :]
+    assert re.findall(r'<tbody data-group="([^"]+)">', final) == ["reward", "kl", "loss", "eval"]
     side = html[html.index('id="side-by-side"') :]
     assert "&lt;b&gt;one&lt;/b&gt;" in side and "two" in side and "old" not in side
     assert f'"series_url": "/runs/{a.pk}/series.json"' in html
     # fewer than two runs → back to the table with a message
     r = researcher_client.get("/compare/", {"ids": str(a.pk)}, follow=True)
     assert b"at least two runs" in r.content
+
+
+@pytest.mark.django_db
+def test_compare_charts_are_grouped_like_the_run_page(researcher_client: Client, researcher: Any) -> None:
+    """One chart per metric, inside the run page's groups (views.metric_group), in their order."""
+    a = make_run(researcher, name="a")
+    b = make_run(researcher, name="b")
+    services.ingest_metrics(a.pk, [("eval/bleu", 1, 0.2), ("train/reward_mean", 1, 0.5), ("custom/x", 1, 1)])
+    services.ingest_metrics(
+        b.pk, [("train/kl", 1, 0.1), ("train/reward_mean", 1, 0.7), ("loss/policy", 1, 2)]
+    )
+    html = researcher_client.get("/compare/", {"ids": f"{a.pk},{b.pk}"}).content.decode()
+    charts = html[html.index('<div id="charts">') : html.index("<h2>Config differences</h2>")]
+    group = r'<details class="chart-group" data-group="([^"]+)" open>(.*?)</details>'
+    sections = re.findall(group, charts, re.S)
+    chart = r'<div class="chart" data-key="([^"]+)" data-group="([^"]+)">'
+    assert [(gid, re.findall(chart, body)) for gid, body in sections] == [
+        ("reward", [("train/reward_mean", "reward")]),
+        ("kl", [("train/kl", "kl")]),
+        ("loss", [("loss/policy", "loss")]),
+        ("eval", [("eval/bleu", "eval")]),
+        ("other", [("custom/x", "other")]),
+    ]
+    titles = re.findall(r"<summary><h3>([^<]+) <span", charts)
+    assert titles == ["Reward", "KL &amp; β", "Losses", "Eval metrics", "Other"]
 
 
 # --------------------------------------------------------------------------- import

@@ -99,8 +99,10 @@ def run_table(
     params = params or {}
     qs = filter_runs(params).select_related("created_by", "project")
     if metric_columns is None:
-        raw = _get(params, "metrics")
-        metric_columns = [m for m in raw.split(",") if m] if raw else list(DEFAULT_METRIC_COLUMNS)
+        # ``metrics`` may repeat (the column chooser's checkboxes) and each value may be a comma list.
+        raw = params.getlist("metrics") if hasattr(params, "getlist") else [_get(params, "metrics")]
+        chosen = [m.strip() for v in raw for m in str(v or "").split(",") if m.strip()]
+        metric_columns = list(dict.fromkeys(chosen)) if chosen else list(DEFAULT_METRIC_COLUMNS)
     sort = _get(params, "sort") or "-created"
     desc = sort.startswith("-")
     name = sort.lstrip("-")
@@ -142,14 +144,19 @@ def run_table(
 
 
 def facets() -> dict[str, list[str]]:
-    """Distinct values for the filter dropdowns."""
+    """Distinct values for the filter dropdowns, each once. The model's default ordering (created,
+    id) must be cleared: DISTINCT over a query ordered by other columns is distinct per row."""
     with connection.cursor() as cur:
         cur.execute(f"SELECT DISTINCT unnest(tags) FROM {Run._meta.db_table} ORDER BY 1")
         tags = [r[0] for r in cur.fetchall()]
+
+    def distinct(column: str) -> list[str]:
+        return [v for v in Run.objects.order_by(column).values_list(column, flat=True).distinct() if v]
+
     return {
         "status": [s.value for s in RunStatus],
-        "task": sorted(t for t in Run.objects.values_list("task", flat=True).distinct() if t),
-        "algorithm": sorted(a for a in Run.objects.values_list("algorithm", flat=True).distinct() if a),
+        "task": distinct("task"),
+        "algorithm": distinct("algorithm"),
         "tag": tags,
     }
 
@@ -511,17 +518,47 @@ def config_diff(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return diff
 
 
+# Which way is better, for highlighting the best run of each final metric. Keys not named here
+# (β, entropy, value statistics, ...) have no "best" and are not highlighted.
+LOWER_IS_BETTER_NAMES = ("loss", "perplexity", "ter", "kl", "approx_kl", "kl_episode", "clipfrac")
+
+
+def metric_direction(key: str) -> str | None:
+    """``"higher"``, ``"lower"`` or None (no better direction) for a metric key."""
+    name = key.rsplit("/", 1)[-1].lower()
+    if key.startswith(("loss/", "time/")) or "loss" in name or name in LOWER_IS_BETTER_NAMES:
+        return "lower"
+    if key.startswith("eval/") or name == "reward_mean":
+        return "higher"
+    return None
+
+
 def final_metrics(runs: Sequence[Run], keys: Iterable[str] | None = None) -> dict[str, Any]:
-    """``{"keys": [...], "rows": [{"run": run, "values": {key: last value}}]}`` for the compare table."""
+    """The compare page's final-metrics table, both ways round:
+    ``{"keys", "rows": [{"run", "values": {key: last value}}],
+    "table": [{"key", "values": [per run], "best": [run indexes], "direction"}]}``.
+    ``table`` has one row per metric (30+ metrics stay readable as rows, runs are the few columns);
+    ``best`` lists the runs holding the best finite value when at least two runs differ."""
     if keys is None:
         ks: set[str] = set()
         for r in runs:
             ks.update((r.last_metrics or {}).keys())
         keys = sorted(ks)
     keys = list(keys)
+    table = []
+    for k in keys:
+        values = [clean_float((r.last_metrics or {}).get(k)) for r in runs]
+        direction = metric_direction(k)
+        finite = [v for v in values if isinstance(v, (int, float))]
+        best: list[int] = []
+        if direction and len(finite) >= 2 and min(finite) != max(finite):
+            target = max(finite) if direction == "higher" else min(finite)
+            best = [i for i, v in enumerate(values) if v == target]
+        table.append({"key": k, "values": values, "best": best, "direction": direction})
     return {
         "keys": keys,
         "rows": [{"run": r, "values": {k: (r.last_metrics or {}).get(k) for k in keys}} for r in runs],
+        "table": table,
     }
 
 

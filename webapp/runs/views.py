@@ -76,8 +76,10 @@ def _chart_groups() -> list[dict[str, Any]]:
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
     table = queries.run_table(request.GET)
-    if not request.GET.get("metrics"):
+    if not any(v.strip() for v in request.GET.getlist("metrics")):
         table.metric_columns = table.metric_columns + _common_eval_keys(table.rows)
+    # The column chooser offers every metric the runs of this page report, chosen columns first.
+    reported = sorted({k for r in table.rows for k in (r.last_metrics or {})} - set(table.metric_columns))
     params = request.GET.copy()
     params.pop("page", None)
     base_query = params.urlencode()
@@ -96,6 +98,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
             "base_query": base_query,
             "sort_query": sort_params.urlencode(),
             "metrics_param": ",".join(table.metric_columns),
+            "column_choices": [(k, True) for k in table.metric_columns] + [(k, False) for k in reported],
             "status_choices": [s.value for s in RunStatus],
         },
     )
@@ -495,10 +498,21 @@ def compare(request: HttpRequest) -> HttpResponse:
         for s in side
     ]
     diff_rows = [{"key": d["key"], "values": [_show(v) for v in d["values"]]} for d in diff]
-    final_rows = [
-        {"run": row["run"], "values": [row["values"].get(k) for k in finals["keys"]]}
-        for row in finals["rows"]
-    ]
+    # Final metrics transposed (a row per metric, a column per run) and grouped like the charts.
+    final_groups = _by_group(
+        finals["table"],
+        lambda row: row["key"],
+        lambda row: {
+            "key": row["key"],
+            "direction": row["direction"],
+            "cells": [
+                {"run": r, "value": v, "best": i in row["best"]}
+                for i, (r, v) in enumerate(zip(runs, row["values"]))
+            ],
+        },
+    )
+    # One chart per metric (a curve per run), in the run page's groups (``metric_group``).
+    chart_groups = _by_group(queries.metric_keys([r.pk for r in runs]), lambda k: k, lambda k: k)
     live = {
         "runs": [
             {"id": r.pk, "name": r.name, "series_url": reverse("runs:series", args=[r.pk])} for r in runs
@@ -511,13 +525,23 @@ def compare(request: HttpRequest) -> HttpResponse:
         {
             "runs": runs,
             "diff_rows": diff_rows,
-            "final_keys": finals["keys"],
-            "final_rows": final_rows,
+            "final_groups": final_groups,
+            "n_final": len(finals["table"]),
+            "chart_groups": chart_groups,
             "side_rows": side_rows,
             "live": live,
             "ids_param": ",".join(str(r.pk) for r in runs),
         },
     )
+
+
+def _by_group(items: list[Any], key_of: Any, row_of: Any) -> list[dict[str, Any]]:
+    """Items sorted into the run page's chart groups (``metric_group``), in METRIC_GROUPS order; empty
+    groups left out: ``[{"id", "title", "rows": [row_of(item), ...]}]``."""
+    groups = {g["id"]: {"id": g["id"], "title": g["title"], "rows": []} for g in _chart_groups()}
+    for item in items:
+        groups[metric_group(key_of(item))]["rows"].append(row_of(item))
+    return [g for g in groups.values() if g["rows"]]
 
 
 def _show(value: Any) -> str:

@@ -10,17 +10,25 @@
 
   function ema(ys, alpha) {
     // Debiased exponential moving average (as TensorBoard): nulls stay gaps and do not reset it.
+    // Written as a step towards each new value, m += w * (y - m) with w = (1 - alpha) / weight,
+    // which equals the usual acc / weight but starts exactly at the first value (w = 1) and keeps a
+    // constant series exactly constant (y - m = 0): acc / weight drifts by rounding (0.1 became
+    // 0.09999999999999999, and Plotly zoomed the y axis onto that noise).
     const out = new Array(ys.length);
-    let acc = 0, weight = 0;
+    let m = 0, weight = 0;
     for (let i = 0; i < ys.length; i++) {
       const y = ys[i];
       if (y === null || y === undefined || !isFinite(y)) { out[i] = null; continue; }
-      acc = alpha * acc + (1 - alpha) * y;
       weight = alpha * weight + (1 - alpha);
-      out[i] = acc / weight;
+      m += ((1 - alpha) / weight) * (y - m);
+      out[i] = m;
     }
     return out;
   }
+
+  // Tick labels: at most ~6 per axis so they never overlap on a 460 px chart, SI suffixes for large
+  // and small numbers (20k steps, 3µ losses) instead of 20,000 or 3e-6.
+  const AXIS = { exponentformat: "SI", automargin: true, tickfont: { size: 11 } };
 
   function sortedXY(map) {
     const xs = Array.from(map.keys()).sort((a, b) => a - b);
@@ -105,7 +113,8 @@
       const layout = {
         margin: { l: 50, r: 10, t: 10, b: 35 }, hovermode: "x unified",
         legend: { orientation: "h", y: -0.2, font: { size: 11 } },
-        xaxis: { title: { text: "step", font: { size: 11 } } }, yaxis: { automargin: true },
+        xaxis: Object.assign({ title: { text: "step", font: { size: 11 } }, nticks: 7 }, AXIS),
+        yaxis: Object.assign({ nticks: 6 }, AXIS),
         uirevision: "keep", // keep the user's zoom across live updates
       };
       this.ignoreRelayout = true;
@@ -160,5 +169,6 @@
     return String(Number(Number(v).toPrecision(4)));
   }
 
-  global.GrueCharts = { ChartGroup: ChartGroup, ema: ema, groupOf: groupOf, formatDuration: formatDuration, fmt: fmt };
+  global.GrueCharts = { ChartGroup: ChartGroup, ema: ema, groupOf: groupOf, formatDuration: formatDuration, fmt: fmt,
+    AXIS: AXIS };
 })(window);
