@@ -123,6 +123,13 @@ def build_reward(cfg: Any) -> RewardFn:
 
         cfg = RewardConfig.model_validate(cfg)
     if cfg.id == "weighted_sum":
+        # Its only argument is the component list: anything else would be silently ignored.
+        unknown = sorted(set(cfg.args) - {"components"})
+        if unknown or (cfg.components and cfg.args):
+            raise RewardError(
+                f"reward 'weighted_sum': unexpected reward.args {unknown or sorted(cfg.args)}; give the "
+                "rewards to add in reward.components (each with its own args and weight)"
+            )
         comps = cfg.components or cfg.args.get("components", [])
         fn: Any = _weighted_sum_factory(comps)
     else:

@@ -1,14 +1,25 @@
-"""Presets: the full GRUE grid exists, every preset validates, and every component id is registered."""
+"""Presets: the full GRUE grid exists, every preset validates, and every preset's components build with
+the preset's own arguments (and reject an unknown one)."""
 
 from __future__ import annotations
 
-import inspect
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from engine.config import parse_config
+from engine.data import build_task
+from engine.metrics import build_metrics, compute_all
+from engine.models.builtin import builtin_model_dir
+from engine.models.loading import load_lm, load_tokenizer
 from engine.presets import ALGORITHMS, PresetError, deep_merge, list_presets, load_preset
-from engine.registry import metrics, rewards, tasks
+from engine.registry import tasks
+from engine.rewards import RewardError, build_reward
 
 PRESETS = list_presets()
 NAMES = [p["name"] for p in PRESETS]
@@ -46,48 +57,211 @@ def test_quick_start_presets_exist():
     assert cfg.train.n_iters > 0 and cfg.algorithm.id == "ppo"
 
 
-def _accepts(factory, args: dict) -> list[str]:
-    sig = inspect.signature(factory)
-    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        return []
-    return [k for k in args if k not in sig.parameters]
+@pytest.fixture(scope="module")
+def configs() -> dict[str, Any]:
+    return {name: parse_config(load_preset(name), source=f"preset {name}") for name in NAMES}
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_preset_validates_and_uses_registered_components(name):
-    cfg = parse_config(load_preset(name), source=f"preset {name}")
-    assert cfg.name == name
-    assert cfg.task.id in tasks
-    assert not _accepts(tasks.get(cfg.task.id), cfg.task.args), cfg.task.args
-    if cfg.supervised.task is not None:
-        assert cfg.supervised.enabled and cfg.supervised.task.id in tasks
-        assert not _accepts(tasks.get(cfg.supervised.task.id), cfg.supervised.task.args)
-    assert cfg.reward.id in rewards
-    assert not _accepts(rewards.get(cfg.reward.id), cfg.reward.args), cfg.reward.args
-    for m in cfg.eval.metrics:
-        assert m.id in metrics, m.id
-        assert not _accepts(metrics.get(m.id), m.args), (m.id, m.args)
-    assert cfg.rollout.min_new_tokens <= cfg.rollout.max_new_tokens
+def test_every_preset_parses_and_its_algorithm_row_matches(configs):
+    for row in PRESETS:
+        name, alg, cfg = row["name"], row["algorithm"], configs[row["name"]]
+        assert cfg.name == name
+        assert cfg.rollout.min_new_tokens <= cfg.rollout.max_new_tokens, name
+        if alg == "zero_shot":
+            assert cfg.train.n_iters == 0 and not cfg.supervised.enabled, name
+        elif alg == "supervised":
+            assert cfg.train.n_iters == 0 and cfg.supervised.enabled and cfg.algorithm.id == "sft", name
+        else:
+            assert cfg.train.n_iters > 0, name
+            assert cfg.algorithm.id == ("nlpo" if alg.endswith("nlpo") else "ppo"), name
+            assert cfg.supervised.enabled == alg.startswith("supervised_"), name
+        if row["variant"] == "online":
+            assert not cfg.model.name_or_path.startswith("builtin:"), name
+            assert ".gguf" not in cfg.model.name_or_path, name
+        else:
+            assert cfg.model.name_or_path.startswith("builtin:") or cfg.model.name_or_path.endswith(".gguf")
+            assert not cfg.task.args.get("hub"), name
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_algorithm_semantics(name):
-    row = next(p for p in PRESETS if p["name"] == name)
-    cfg = parse_config(load_preset(name))
-    alg = row["algorithm"]
-    if alg == "zero_shot":
-        assert cfg.train.n_iters == 0 and not cfg.supervised.enabled
-    elif alg == "supervised":
-        assert cfg.train.n_iters == 0 and cfg.supervised.enabled and cfg.algorithm.id == "sft"
-    else:
-        assert cfg.train.n_iters > 0
-        assert cfg.algorithm.id == ("nlpo" if alg.endswith("nlpo") else "ppo")
-        assert cfg.supervised.enabled == alg.startswith("supervised_")
-    if row["variant"] == "online":
-        assert not cfg.model.name_or_path.startswith("builtin:") and ".gguf" not in cfg.model.name_or_path
-    else:
-        assert cfg.model.name_or_path.startswith("builtin:") or cfg.model.name_or_path.endswith(".gguf")
-        assert not cfg.task.args.get("hub")
+# --- every preset's components, built with the preset's own arguments --------------------------------
+#
+# Components are built for real (the registry factory called with the preset's arguments), so a
+# misspelt or stale argument fails here. The only substitution: a model that needs the hub (offline
+# here) or the 135M SmolLM2 (a minute to dequantise) is replaced by a local tiny model of the same
+# kind; every other argument is passed as the preset has it, and the replaced reference is checked
+# on its own (a GGUF file that exists, or a hub id).
+
+CAUSAL_LM_COMPONENTS = {"perplexity", "generation_perplexity", "causal_perplexity"}
+CLASSIFIER_COMPONENTS = {"sentiment", "learned", "learned_reward", "learned_batched_reward"}
+MODEL_ARGS = ("model", "model_path", "model_name")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(tmp_path_factory) -> str:
+    """A 2-label sequence classifier with the MiniLM tokenizer: the stand-in for hub classifiers."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from engine.assets import minilm_dir
+
+    tok = AutoTokenizer.from_pretrained(minilm_dir())
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=512, num_labels=2,
+    )  # fmt: skip
+    out = tmp_path_factory.mktemp("clf")
+    BertForSequenceClassification(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def local_args(cid: str, args: dict[str, Any], classifier: str) -> dict[str, Any]:
+    """The preset's arguments with an unreachable or heavy model reference replaced (see above)."""
+    out = dict(args)
+    for key in MODEL_ARGS:
+        ref = out.get(key)
+        if not isinstance(ref, str) or ref.startswith("builtin:"):
+            continue
+        gguf = out.get("gguf_file")
+        if gguf:
+            assert (Path(ref) / gguf).is_file(), f"{cid}: {ref}/{gguf} does not exist"
+        elif Path(ref).expanduser().exists():
+            continue  # a local model the test can load as is
+        else:
+            assert HUB_ID.match(ref), f"{cid}: {key}={ref!r} is neither a local path nor a hub id"
+        if cid in CAUSAL_LM_COMPONENTS:
+            out[key] = "builtin:tiny-gpt2"
+            out.pop("gguf_file", None)
+        elif cid in CLASSIFIER_COMPONENTS:
+            out[key] = classifier
+        else:
+            raise AssertionError(f"{cid}: no local stand-in for {key}={ref!r}; add one to this test")
+    return out
+
+
+class Built:
+    """Build each distinct (kind, id, args) once: 102 presets share a few dozen components."""
+
+    def __init__(self, classifier: str):
+        self.classifier = classifier
+        self.cache: dict[str, Any] = {}
+
+    def _once(self, key: Any, make: Any) -> Any:
+        k = json.dumps(key, sort_keys=True, default=str)
+        if k not in self.cache:
+            self.cache[k] = make()
+        return self.cache[k]
+
+    def task(self, task_cfg: Any) -> Any:
+        return self._once(("task", task_cfg.id, task_cfg.args), lambda: build_task(task_cfg))
+
+    def reward(self, reward_cfg: Any) -> Any:
+        raw = reward_cfg.model_dump()
+        raw["args"] = local_args(raw["id"], raw["args"], self.classifier)
+        for comp in raw["components"]:
+            comp["args"] = local_args(comp["id"], comp["args"], self.classifier)
+        return self._once(("reward", raw), lambda: build_reward(raw))
+
+    def metrics(self, components: list[Any]) -> list[Any]:
+        return [
+            self._once(
+                ("metric", m.id, m.args),
+                lambda m=m: build_metrics([{"id": m.id, "args": local_args(m.id, m.args, self.classifier)}])[
+                    0
+                ],
+            )
+            for m in components
+        ]
+
+
+def test_every_preset_builds_its_task_reward_and_metrics_and_they_score_its_data(configs, tiny_classifier):
+    """All 102 presets: task, SFT task, reward and every evaluation metric are constructed with the
+    preset's arguments. For offline presets (local fixtures) the reward and the metric set then score
+    two of the task's own samples (a reference as the generation): one finite reward per sample and
+    finite metric values, so a reward or metric that needs a field the task does not provide fails."""
+    built = Built(tiny_classifier)
+    scored: set[str] = set()
+    tiny = builtin_model_dir("builtin:tiny-gpt2")
+    tiny_policy = (load_lm(str(tiny), "causal"), False, load_tokenizer(str(tiny)), torch.device("cpu"))
+    for row in PRESETS:
+        name, cfg = row["name"], configs[row["name"]]
+        try:
+            task = built.task(cfg.task)
+            if cfg.supervised.task is not None:
+                assert cfg.supervised.enabled
+                built.task(cfg.supervised.task)
+            reward = built.reward(cfg.reward)
+            metric_objs = built.metrics(cfg.eval.metrics)
+        except Exception as exc:  # name the preset in the failure
+            raise AssertionError(f"preset {name}: {type(exc).__name__}: {exc}") from exc
+        assert hasattr(task, "load") and callable(reward) and len(metric_objs) == len(cfg.eval.metrics)
+        if row["variant"] != "offline":
+            continue
+        key = json.dumps(
+            [cfg.task.model_dump(), cfg.reward.model_dump(), [m.model_dump() for m in cfg.eval.metrics]]
+        )
+        if key in scored:
+            continue
+        scored.add(key)
+        samples = task.load(cfg.eval.split)[:2]
+        assert len(samples) == 2, name
+        prompts = [s.prompt for s in samples]
+        gens = [s.references[0] if s.references else " It was a fine film ." for s in samples]
+        refs = [list(s.references) for s in samples]
+        meta = [dict(s.meta) for s in samples]
+        values = reward(prompts, gens, refs, meta)  # build_reward checks: one finite float per sample
+        assert len(values) == 2, name
+        for m in metric_objs:  # metrics of the evaluated policy itself: the tiny GPT-2 stands in for it
+            if hasattr(m, "bind_policy"):
+                m.bind_policy(*tiny_policy)
+        corpus, per_sample = compute_all(metric_objs, prompts, gens, refs, meta)
+        assert corpus, name
+        for k, v in corpus.items():
+            assert math.isfinite(v), (name, k, v)
+        for k, v in per_sample.items():
+            assert len(v) == 2 and all(math.isfinite(x) for x in v), (name, k, v)
+
+
+def build_with_extra(kind: str, cid: str, args: dict[str, Any], extra: dict[str, Any], clf: str) -> Any:
+    if kind == "task":
+        return tasks.build(cid, **args, **extra)
+    if kind == "reward":
+        return build_reward(dict(args, args={**local_args(cid, args["args"], clf), **extra}))
+    if kind == "reward_component":
+        comp = {"id": cid, "args": {**local_args(cid, args, clf), **extra}}
+        return build_reward({"id": "weighted_sum", "components": [comp]})
+    return build_metrics([{"id": cid, "args": {**local_args(cid, args, clf), **extra}}])
+
+
+def test_an_unknown_argument_is_rejected_by_every_preset_component(configs, tiny_classifier):
+    """No component used by a preset swallows a misspelt argument (a ``**kwargs`` that ignores it):
+    each id, built with its preset arguments plus one unknown argument, fails naming that argument."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for cfg in configs.values():
+        seen.setdefault(("task", cfg.task.id), dict(cfg.task.args))
+        seen.setdefault(("reward", cfg.reward.id), cfg.reward.model_dump())
+        for comp in cfg.reward.components:
+            seen.setdefault(("reward_component", comp.id), dict(comp.args))
+        for m in cfg.eval.metrics:
+            seen.setdefault(("metric", m.id), dict(m.args))
+    bad = {"no_such_argument": 1}
+    for (kind, cid), args in sorted(seen.items()):
+        with pytest.raises((TypeError, ValueError)) as info:
+            build_with_extra(kind, cid, args, bad, tiny_classifier)
+        assert "no_such_argument" in str(info.value), (kind, cid, str(info.value))
+    assert {k for k, _ in seen} >= {"task", "reward", "metric"}
+
+
+def test_weighted_sum_rejects_arguments_besides_its_components():
+    with pytest.raises(RewardError, match="no_such_argument"):
+        build_reward({"id": "weighted_sum", "args": {"no_such_argument": 1}, "components": [{"id": "ter"}]})
+    with pytest.raises(RewardError, match="components"):
+        build_reward(
+            {"id": "weighted_sum", "args": {"components": [{"id": "ter"}]}, "components": [{"id": "ter"}]}
+        )
+    ok = build_reward({"id": "weighted_sum", "args": {"components": [{"id": "ter", "weight": 2.0}]}})
+    assert ok(["p"], ["a b c d"], [["a b c e"]], [{}]) == pytest.approx([1.5])
 
 
 def test_rl4lms_hyperparameters_mirrored():
