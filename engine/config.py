@@ -48,6 +48,12 @@ class WeightedComponent(Component):
     weight: float = Field(1.0, description="Weight of this component in a weighted sum.")
 
 
+RIGHT_PADDING_CAUSAL = (
+    "tokenizer.padding_side: 'right' is not allowed for a causal model: generation continues after the "
+    "last prompt column, which would be padding for every shorter prompt. Use 'left' (the default)."
+)
+
+
 class ModelConfig(Strict):
     name_or_path: str = Field(
         "builtin:tiny-gpt2",
@@ -82,7 +88,14 @@ class ModelConfig(Strict):
 
 class TokenizerConfig(Strict):
     name_or_path: str | None = Field(None, description="Tokenizer id or path; default: the model's.")
-    padding_side: Literal["left", "right"] = Field("left", description="Padding side of prompts.")
+    padding_side: Literal["left", "right"] = Field(
+        "left",
+        description=(
+            "Padding side of causal prompts: must be 'left' (generation continues after the last prompt "
+            "token; 'right' is rejected for causal models). Encoder-decoder prompts are always right "
+            "padded, whatever this says (BART-like learned positions ignore the attention mask)."
+        ),
+    )
     truncation_side: Literal["left", "right"] = Field(
         "left", description="Which end of a long prompt is cut."
     )
@@ -142,19 +155,113 @@ class NLPOConfig(Strict):
     mask_update_interval: int = Field(
         5, ge=1, description="Refresh the masking policy from the current policy every N iterations."
     )
+    masked_eval: bool = Field(
+        True,
+        description=(
+            "Evaluate through the masked generation (as RL4LMs, which evaluates an NLPO policy with its "
+            "mask); false: evaluate the policy's own, unmasked distribution."
+        ),
+    )
+
+
+class A2CConfig(Strict):
+    """RL4LMs's A2C (SB3's): one gradient step per rollout, RMSprop unless ``use_rms_prop: false``."""
+
+    optimizer: Literal["rmsprop", "adamw"] = Field(
+        "rmsprop",
+        description=(
+            "Optimizer of the A2C step: 'rmsprop' as RL4LMs/SB3 (use_rms_prop: true, the default) or "
+            "'adamw' (use_rms_prop: false). Learning rate and weight decay come from the algorithm section."
+        ),
+    )
+    rms_prop_alpha: float = Field(
+        0.99,
+        gt=0,
+        lt=1,
+        description="RMSprop smoothing constant of the squared-gradient average (RL4LMs: 0.99).",
+    )
+    rms_prop_eps: float = Field(
+        1e-5, gt=0, description="RMSprop epsilon added to the denominator (RL4LMs: 1e-5)."
+    )
+
+
+class TRPOConfig(Strict):
+    """RL4LMs's TRPO (SB3-contrib's): natural-gradient step inside a KL trust region, critic fitted apart."""
+
+    target_kl: float = Field(
+        0.01,
+        gt=0,
+        description=(
+            "Trust region: the accepted step keeps the mean per-token KL(new || old policy) below this "
+            "(RL4LMs: 0.01). Not the KL penalty's target (kl.target)."
+        ),
+    )
+    cg_max_steps: int = Field(
+        15,
+        ge=1,
+        description="Conjugate-gradient iterations solving F x = g for the step direction (RL4LMs: 15).",
+    )
+    cg_damping: float = Field(
+        0.1, ge=0, description="Damping added to the Fisher-vector product: (F + damping I) v (RL4LMs: 0.1)."
+    )
+    line_search_shrinking_factor: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="Backtracking line search: the step shrinks by this factor per try (RL4LMs: 0.8).",
+    )
+    line_search_max_iter: int = Field(
+        10,
+        ge=1,
+        description="Backtracking tries before the step is rejected and the policy kept (RL4LMs: 10).",
+    )
+    n_critic_updates: int = Field(
+        10,
+        ge=0,
+        description=(
+            "Epochs of value regression after the policy step, in minibatches of algorithm.minibatch_size "
+            "episodes at algorithm.learning_rate (RL4LMs: 10). The policy's parameters are not changed."
+        ),
+    )
+    sub_sampling_factor: int = Field(
+        1,
+        ge=1,
+        description="Natural-gradient step on every n-th episode of the rollout, for speed (RL4LMs: 1).",
+    )
+
+
+# RL4LMs defaults that differ between algorithms, applied when a config names the algorithm and
+# leaves the field out (YAML, CLI, API). The launch form shows every field, so it shows them as set.
+ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
+    "a2c": {"gae_lambda": 1.0, "whiten_advantages": False},
+}
 
 
 class AlgorithmConfig(Strict):
-    id: str = Field("ppo", description="Registered algorithm id: 'ppo', 'nlpo' or 'sft' (supervised only).")
-    learning_rate: float = Field(1e-5, gt=0, description="Adam learning rate.")
-    n_epochs: int = Field(4, ge=1, description="Optimisation epochs over each rollout batch.")
+    id: str = Field(
+        "ppo",
+        description=(
+            "Registered algorithm id: 'ppo', 'nlpo', 'a2c', 'trpo' (RL) or 'sft' (supervised only). For 'a2c' "
+            "a config that omits gae_lambda / whiten_advantages gets RL4LMs's A2C values (1.0, false)."
+        ),
+    )
+    learning_rate: float = Field(
+        1e-5, gt=0, description="Learning rate (AdamW; A2C: its optimizer; TRPO: the critic only)."
+    )
+    n_epochs: int = Field(
+        4,
+        ge=1,
+        description="Optimisation epochs over each rollout batch (PPO, NLPO; A2C and TRPO take one step).",
+    )
     minibatch_size: int = Field(16, ge=1, description="Episodes per gradient step (before accumulation).")
     grad_accumulation: int = Field(1, ge=1, description="Minibatches accumulated per optimizer step.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor of GAE.")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    gae_lambda: float = Field(
+        0.95, ge=0, le=1, description="GAE lambda (RL4LMs: 0.95 for PPO, NLPO and TRPO; 1.0 for A2C)."
+    )
     clip_range: float = Field(0.2, gt=0, description="PPO ratio clip epsilon.")
     clip_range_value: float | None = Field(
-        0.2, description="Value clipping range (None = no value clipping)."
+        None, description="Value clipping range (None = no value clipping, the RL4LMs / SB3 default)."
     )
     vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     ent_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
@@ -163,23 +270,60 @@ class AlgorithmConfig(Strict):
         None,
         description="Stop the epoch loop early when the approximate KL to the rollout policy exceeds this.",
     )
-    whiten_advantages: bool = Field(True, description="Normalise advantages to zero mean, unit variance.")
+    whiten_advantages: bool = Field(
+        True,
+        description="Normalise advantages to zero mean, unit variance (RL4LMs: on, except A2C: off).",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     nlpo: NLPOConfig = Field(
         default_factory=NLPOConfig, description="NLPO masking settings (id 'nlpo' only)."
+    )
+    a2c: A2CConfig = Field(default_factory=A2CConfig, description="A2C optimizer settings (id 'a2c' only).")
+    trpo: TRPOConfig = Field(
+        default_factory=TRPOConfig, description="TRPO trust region and critic settings (id 'trpo' only)."
     )
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Arguments for user-registered algorithms."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_defaults(cls, data: Any) -> Any:
+        # Only keys the config leaves out: an explicit value always wins.
+        if isinstance(data, dict) and data.get("id") in ALGORITHM_DEFAULTS:
+            data = {**ALGORITHM_DEFAULTS[data["id"]], **data}
+        return data
+
 
 class KLConfig(Strict):
-    controller: Literal["adaptive", "fixed"] = Field(
-        "adaptive", description="Adaptive (Ziegler et al.) or fixed beta."
+    controller: Literal["adaptive", "ziegler", "fixed"] = Field(
+        "adaptive",
+        description=(
+            "'adaptive': RL4LMs's controller; reads the per-TOKEN mean KL of each rollout and sets "
+            "beta *= 1 + 0.1 * clip((KL - target) / target, -0.2, 0.2) once per rollout. "
+            "'ziegler': Ziegler et al. (2019); reads the per-EPISODE SUM of KL and sets "
+            "beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * episodes / horizon. 'fixed': constant beta."
+        ),
     )
     init_coef: float = Field(0.1, ge=0, description="Initial KL penalty coefficient beta.")
-    target: float | None = Field(0.1, gt=0, description="Target KL per episode for the adaptive controller.")
-    horizon: int = Field(10000, ge=1, description="Adaptive controller horizon (episodes).")
+    target: float | None = Field(
+        0.1,
+        gt=0,
+        description=(
+            "Target KL in the controller's units: nats per token for 'adaptive' (RL4LMs's target_kl), "
+            "nats per episode (sum over its tokens) for 'ziegler'; unused by 'fixed'."
+        ),
+    )
+    horizon: int = Field(10000, ge=1, description="'ziegler' only: horizon in episodes.")
+    estimator: Literal["k1", "k3", "full"] = Field(
+        "k1",
+        description=(
+            "Per-token KL of the penalty, always between the FULL-vocabulary distributions of policy and "
+            "reference at the sampling temperature (never the top-k/top-p/NLPO-restricted ones): "
+            "'k1' = log pi - log pi_ref of the sampled token (RL4LMs); 'k3' = (r - 1) - log r, "
+            "r = pi_ref / pi (non-negative); 'full' = the exact KL summed over the vocabulary."
+        ),
+    )
 
 
 class SupervisedConfig(Strict):
@@ -257,6 +401,15 @@ class RunConfig(Strict):
     )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training loop.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+
+    @model_validator(mode="after")
+    def _causal_prompts_left_padded(self) -> RunConfig:
+        causal = self.model.type == "causal" or (
+            self.model.type == "auto" and self.model.name_or_path == "builtin:tiny-gpt2"
+        )
+        if causal and self.tokenizer.padding_side == "right":
+            raise ValueError(RIGHT_PADDING_CAUSAL)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

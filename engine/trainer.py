@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import time
 import traceback as tb
@@ -66,25 +67,69 @@ def default_run_dir(cfg: RunConfig) -> Path:
 
 
 def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """RNG states as tensors and plain numbers only, so checkpoints load with ``weights_only=True``
+    (a pickled numpy array or tuple would need the unsafe loader, which runs code from the file)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npst = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+    keys = npst["keys"].numpy().astype(np.uint32)
+    np.random.set_state((npst["kind"], keys, npst["pos"], npst["has_gauss"], npst["cached"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _plain(obj: Any) -> Any:
+    """numpy scalars/arrays → Python numbers/tensors, recursively (safe for ``weights_only``)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+#: The only checkpoint directory names the engine writes (``rl-000012``, ``sft-000340``).
+CHECKPOINT_NAME = re.compile(r"(rl|sft)-[0-9]{6,12}")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint pointer or file the engine did not write (tampered, foreign or too old)."""
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     pointer = run_dir / "checkpoints" / "latest.json"
     if not pointer.exists():
         return None
-    name = json.loads(pointer.read_text())["name"]
+    try:
+        name = json.loads(pointer.read_text())["name"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{pointer}: not a checkpoint pointer written by the engine ({exc})") from None
+    # Only names the engine writes: never an absolute path, a separator or "..", which would leave
+    # the run directory and load whatever file an attacker placed elsewhere.
+    if not isinstance(name, str) or not CHECKPOINT_NAME.fullmatch(name):
+        raise CheckpointError(f"{pointer}: refusing checkpoint name {name!r} (expected e.g. 'rl-000012')")
     path = run_dir / "checkpoints" / name
     return path if (path / STATE_FILE).exists() else None
 
@@ -129,6 +174,7 @@ class Trainer:
             cfg.tokenizer.padding_side,
             cfg.tokenizer.truncation_side,
             cfg.tokenizer.pad_token_as_eos_token,
+            kind=self.kind,
         )
         lm = load_lm(path, self.kind, cfg.model.revision)
         if cfg.model.gradient_checkpointing:
@@ -201,6 +247,10 @@ class Trainer:
 
     def _make_rl_optimizer(self) -> torch.optim.Optimizer:
         params = [p for p in self.policy.parameters() if p.requires_grad]
+        make = getattr(self.algo, "make_optimizer", None)  # e.g. A2C's RMSprop; None = AdamW
+        own = make(params) if make is not None else None
+        if own is not None:
+            return own
         return torch.optim.AdamW(
             params, lr=self.cfg.algorithm.learning_rate, weight_decay=self.cfg.algorithm.weight_decay
         )
@@ -242,11 +292,11 @@ class Trainer:
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "sft_optimizer": sft_optimizer.state_dict() if sft_optimizer is not None else None,
-            "kl": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
-            "algorithm": self.algo.state_dict(),
+            "kl": _plain(self.kl_ctl.state_dict()) if self.kl_ctl is not None else None,
+            "algorithm": _plain(self.algo.state_dict()),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": _rng_state(),
-            "last_eval": self.last_eval,
+            "last_eval": _plain(self.last_eval),
         }
         torch.save(state, tmp / STATE_FILE)
         (tmp / "trainer_state.json").write_text(
@@ -268,7 +318,13 @@ class Trainer:
         return final
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        state = torch.load(path / STATE_FILE, map_location=self.device, weights_only=False)
+        try:  # tensors and plain containers only: a pickle in a checkpoint must never run code
+            state = torch.load(path / STATE_FILE, map_location=self.device, weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(
+                f"{path / STATE_FILE}: refusing to load: not a safe checkpoint (tensors and plain values "
+                f"only; tampered, or written by an older version): {str(exc).splitlines()[0][:300]}"
+            ) from None
         self.policy.load_state_dict(state["policy"])
         self.iteration = int(state["iteration"])
         self.sft_step = int(state["sft_step"])
@@ -336,9 +392,10 @@ class Trainer:
     # ----------------------------------------------------------------- RL
     def _eval(self, step: int, final: bool = False) -> dict[str, float]:
         """Generate on the eval split; all rows go to the sink at the end, ``log_samples`` rows before."""
-        from engine.evaluation import generate_texts, score_generations
+        from engine.evaluation import PolicyContext, generate_texts, score_generations
 
         samples = self._eval_samples()
+        masked = getattr(self.algo, "uses_masking_policy", False) and self.cfg.algorithm.nlpo.masked_eval
         gens = generate_texts(
             self.policy.lm,
             self.policy.is_seq2seq,
@@ -350,8 +407,16 @@ class Trainer:
             self.amp,
             seed=_mix(self.cfg.train.seed, step, 99),
             decoder_start_id=self.policy.decoder_start_id,
+            masking_lm=self.algo.masking_model() if masked else None,
+            nlpo=self.cfg.algorithm.nlpo if masked else None,
         )
-        corpus, rows = score_generations(samples, gens, self.reward_fn, list(self.cfg.eval.metrics))
+        corpus, rows = score_generations(
+            samples,
+            gens,
+            self.reward_fn,
+            list(self.cfg.eval.metrics),
+            policy=PolicyContext(self.policy.lm, self.policy.is_seq2seq, self.tokenizer, self.device),
+        )
         values = {f"eval/{k}": v for k, v in corpus.items()}
         self.events.metrics(step, values)
         self.events.samples(step, self.cfg.eval.split, rows if final else rows[: self.cfg.train.log_samples])
@@ -361,7 +426,7 @@ class Trainer:
         return values
 
     def rl_iteration(self) -> dict[str, float]:
-        from engine.algorithms.ppo import explained_variance, gae, kl_shaped_rewards, masked_mean, whiten
+        from engine.algorithms.ppo import explained_variance, gae, kl_penalty_rewards, masked_mean, whiten
         from engine.rollout import SamplingSpec, collect
 
         cfg = self.cfg
@@ -372,6 +437,7 @@ class Trainer:
             cfg.rollout,
             self.tokenizer.eos_token_id,
             cfg.algorithm.nlpo if getattr(self.algo, "uses_masking_policy", False) else None,
+            special_ids=self.tokenizer.all_special_ids,
         )
         gen = torch.Generator(device=self.device).manual_seed(_mix(cfg.train.seed, it, 1))
         timings: dict[str, float] = {}
@@ -389,6 +455,7 @@ class Trainer:
             masking_lm=self.algo.masking_model(),
             autocast_dtype=self.amp,
             timings=timings,
+            kl_estimator=cfg.kl.estimator,
         )
         t_reward = time.perf_counter()
         scores = self.reward_fn(batch.prompts, batch.generations, batch.references, batch.meta)
@@ -396,8 +463,11 @@ class Trainer:
         timings["reward"] = time.perf_counter() - t_reward
         beta = float(self.kl_ctl.value)
         mask = batch.gen_mask
-        rewards, kl = kl_shaped_rewards(task_r, batch.logprobs, batch.ref_logprobs, mask, beta)
+        # The penalty's KL is between the full tempered distributions (batch.kl, kl.estimator); the
+        # stored support only serves the PPO ratio.
+        rewards, kl = kl_penalty_rewards(task_r, batch.kl, mask, beta)
         seq_kl = kl.sum(1)
+        token_kl = float(masked_mean(kl, mask))
         adv, ret = gae(rewards, batch.values, mask, cfg.algorithm.gamma, cfg.algorithm.gae_lambda)
         if cfg.algorithm.whiten_advantages:
             adv = whiten(adv, mask)
@@ -415,14 +485,18 @@ class Trainer:
             scaler=self.scaler,
         )
         timings["update"] = time.perf_counter() - t_update
-        self.kl_ctl.update(float(seq_kl.mean()), len(batch))
+        # Each controller reads the KL in its own units (RL4LMs's: per-token mean; Ziegler's: per episode).
+        per_episode = getattr(self.kl_ctl, "unit", "episode") == "episode"
+        self.kl_ctl.update(float(seq_kl.mean()) if per_episode else token_kl, len(batch))
         self.iteration = it + 1
         lengths = mask.sum(1)
         metrics = {
             "train/reward_mean": float(task_r.mean()),
             "train/reward_std": float(task_r.std(unbiased=False)),
-            "train/kl": float(seq_kl.mean()),
+            "train/kl": token_kl,
+            "train/kl_episode": float(seq_kl.mean()),
             "train/kl_coef": beta,
+            "train/entropy": float(masked_mean(batch.entropy, mask)),
             "train/episode_length": float(lengths.mean()),
             "train/shaped_return": float(rewards.sum(1).mean()),
             "value/mean": float(masked_mean(batch.values, mask)),

@@ -22,6 +22,12 @@ class Algorithm:
     def setup(self, policy: Any) -> None:
         """Called once the policy exists (after a warm start); NLPO copies its masking policy here."""
 
+    def make_optimizer(self, params: list[Any]) -> Any | None:
+        """The RL optimizer over ``params``; None lets the trainer use AdamW (A2C returns RMSprop).
+
+        The trainer owns the optimizer so that checkpoints and resumes restore its state."""
+        return None
+
     def update(self, policy: Any, optimizer: Any, batch: Any, **kwargs: Any) -> dict[str, float]:
         raise NotImplementedError
 

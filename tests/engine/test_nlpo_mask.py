@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from engine.algorithms.nlpo import NLPO
-from engine.config import AlgorithmConfig
+from engine.config import AlgorithmConfig, GenerationConfig
 from engine.data.base import Sample
+from engine.evaluation import generate_texts
 from engine.models.policy import frozen_copy
 from engine.rollout import SamplingSpec, collect, tokenize_prompts, top_p_keep
 
@@ -106,19 +107,11 @@ def test_masked_logprobs_consistent_between_sampling_scoring_and_update(make_pol
         masking_lm=algo.masking_model(),
     )
     assert torch.allclose(batch.logprobs, batch.sample_logprobs, atol=1e-4)
-    # the policy's own (unmasked) distribution gives different log-probs: the mask matters here
-    raw = collect(
-        policy,
-        None,
-        tok,
-        samples,
-        SamplingSpec(max_new_tokens=6, eos_id=tok.eos_token_id),
-        32,
-        8,
-        torch.device("cpu"),
-        generator=torch.Generator().manual_seed(5),
-    )
-    assert raw.support is None
+    # the policy's own (unmasked, full-vocabulary) distribution gives lower log-probs of the same tokens
+    # wherever the mask and top-k/top-p cut mass away: the mask matters here
+    valid = batch.gen_mask.bool()
+    cut = batch.logprobs - batch.kl_logprobs
+    assert bool((cut[valid] > 1e-3).all()), cut
     # the update's first forward pass sees the same masked distribution: ratio 1, no KL
     idx = torch.arange(len(batch))
     zeros = torch.zeros_like(batch.logprobs)
@@ -130,3 +123,96 @@ def test_masked_logprobs_consistent_between_sampling_scoring_and_update(make_pol
     _, stats_raw = algo.minibatch_loss(policy, batch, idx, zeros, zeros, spec.temperature, None)
     batch.support = unmasked
     assert float(stats_raw["policy/ratio_mean"]) < 0.999  # without the mask the ratio would be biased
+
+
+def _suppress(lm, token: int, by: float = 30.0):
+    """Make ``token`` very unlikely under ``lm`` (so that a top-p mask of it would drop the token)."""
+
+    def hook(module, args, out):
+        out = out.clone()
+        out[..., token] -= by
+        return out
+
+    return lm.get_output_embeddings().register_forward_hook(hook)
+
+
+@pytest.mark.parametrize("kind", ["causal", "seq2seq"])
+def test_special_tokens_stay_in_the_masked_action_space(make_policy, kind):
+    """RL4LMs always unmasks the tokenizer's special tokens, so an NLPO episode can always end: a top-p
+    mask that would drop EOS keeps it, and a policy that wants to stop does stop."""
+    policy, tok = make_policy(kind)
+    eos = tok.eos_token_id
+    algo = NLPO(AlgorithmConfig(id="nlpo", nlpo={"top_mask": 0.3, "min_tokens_to_keep": 5}))
+    algo.setup(policy)
+    masker = algo.masking_model()
+    handle_mask = _suppress(masker, eos)  # the masking policy puts no mass on EOS: top-p drops it
+    # the policy itself strongly prefers to end the episode
+    handle_pol = _suppress(policy.lm, eos, by=-30.0)
+    samples = [Sample(id=str(i), prompt=p, references=[]) for i, p in enumerate(PROMPTS)]
+    try:
+        gen_cfg = GenerationConfig(max_new_tokens=6)
+        keep = SamplingSpec.from_config(gen_cfg, eos, algo.cfg.nlpo, special_ids=tok.all_special_ids)
+        assert eos in keep.mask_keep_ids
+        without = SamplingSpec.from_config(gen_cfg, eos, algo.cfg.nlpo)  # control: no special tokens kept
+
+        def rollout(spec):
+            return collect(
+                policy,
+                None,
+                tok,
+                samples,
+                spec,
+                32,
+                8,
+                torch.device("cpu"),
+                generator=torch.Generator().manual_seed(0),
+                masking_lm=masker,
+            )
+
+        control = rollout(without)
+        assert not bool(control.support[:, 0, eos].any())  # the mask alone would exclude EOS
+        assert control.gen_mask[:, :2].all()  # ... so no episode can end at once
+        batch = rollout(keep)
+        assert bool(batch.support[:, 0, eos].all())
+        assert batch.gen_ids[:, 0].tolist() == [eos] * len(PROMPTS)  # EOS sampled: episodes end
+        assert batch.gen_mask.sum(1).tolist() == [1.0] * len(PROMPTS)
+        assert torch.isfinite(batch.logprobs[:, 0]).all()
+    finally:
+        handle_mask.remove()
+        handle_pol.remove()
+
+
+def test_nlpo_evaluation_is_masked_by_default(make_policy):
+    """As RL4LMs, an NLPO policy is evaluated through its masked generation (``nlpo.masked_eval``)."""
+    policy, tok = make_policy("causal")
+    cfg = AlgorithmConfig(id="nlpo", nlpo={"top_mask": 0.05, "min_tokens_to_keep": 1})
+    assert cfg.nlpo.masked_eval is True
+    masker = frozen_copy(policy.lm)
+    _perturb(policy.lm, 0.3, 3)  # the evaluated policy no longer agrees with its masking policy
+    gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=4, batch_size=8)
+    args = (policy.lm, False, tok, PROMPTS, gen_cfg, 32, torch.device("cpu"), None)
+    masked = generate_texts(*args, masking_lm=masker, nlpo=cfg.nlpo)
+    unmasked = generate_texts(*args)
+    assert masked != unmasked
+    # masked greedy decoding picks, at the first step, the policy's best token within the masker's top-p set
+    ids, mask = tokenize_prompts(tok, PROMPTS, 32, torch.device("cpu"))
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        pol_logits = policy.lm(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+    keep = _first_step_keep(masker, policy, tok, 0.05, 1)
+    keep[:, tok.all_special_ids] = True
+    best = pol_logits.masked_fill(~keep, float("-inf")).argmax(-1)
+    firsts = [tok.decode([int(t)], skip_special_tokens=True) for t in best]
+    assert all(text.startswith(first) for text, first in zip(masked, firsts))
+    with pytest.raises(ValueError, match="num_beams"):
+        generate_texts(
+            policy.lm, False, tok, PROMPTS, GenerationConfig(do_sample=False, num_beams=2), 32,
+            torch.device("cpu"), None, masking_lm=masker, nlpo=cfg.nlpo,
+        )  # fmt: skip
+
+
+def _perturb(lm, scale: float, seed: int) -> None:
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(seed)
+        for p in lm.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)

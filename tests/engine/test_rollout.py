@@ -44,22 +44,21 @@ def test_scored_logprobs_equal_sampling_logprobs(make_policy, kind, spec_kw):
         assert int(batch.support[batch.gen_mask.bool()].sum(-1).max()) <= 20
     # the scoring pass reproduces the generation-time log-probs of the processed distribution
     assert torch.allclose(batch.logprobs, batch.sample_logprobs, atol=1e-4)
-    # an untouched copy as reference: KL is exactly zero at the start
-    assert torch.allclose(batch.ref_logprobs, batch.logprobs, atol=1e-5)
-    if spec_kw:
-        # the restricted distribution differs from the raw one: scoring must not fall back to raw logits
-        raw = collect(
-            policy,
-            None,
-            tok,
-            _samples(),
-            SamplingSpec(max_new_tokens=8, eos_id=tok.eos_token_id),
-            32,
-            8,
-            torch.device("cpu"),
-            generator=torch.Generator().manual_seed(3),
-        )
-        assert raw.support is None
+    # an untouched copy as reference: the full-vocabulary log-probs agree and the KL is zero at the start
+    assert torch.allclose(batch.ref_logprobs, batch.kl_logprobs, atol=1e-5)
+    assert float(batch.kl.abs().max()) < 1e-5
+    valid = batch.gen_mask.bool()
+    if not spec_kw:  # nothing cut: the sampled distribution is the full one
+        assert torch.allclose(batch.logprobs, batch.kl_logprobs, atol=1e-5)
+        return
+    # Where the support cuts mass away, the renormalised (sampled) log-prob is strictly higher than
+    # the full-vocabulary one; where it cuts nothing, they agree.
+    gap = batch.logprobs - batch.kl_logprobs
+    if "top_k" in spec_kw:  # top-k 20 of 50k tokens cuts at every step
+        assert bool((gap[valid] > 1e-3).all()), gap
+    else:  # min_new_tokens 4 bans EOS at the first 4 steps only
+        assert bool((gap[:, :4][valid[:, :4]] > 0).all())
+        assert torch.allclose(gap[:, 4:], torch.zeros_like(gap[:, 4:]), atol=1e-5)
 
 
 def test_left_padding_uses_correct_positions(make_policy):
@@ -85,9 +84,9 @@ def test_left_padding_uses_correct_positions(make_policy):
             "gen_ids": batch.gen_ids[row : row + 1],
             "gen_mask": batch.gen_mask[row : row + 1],
         }
-        lp, _, v = score(policy, None, single, None, 1.0, None)
-        assert torch.allclose(lp, batch.logprobs[row : row + 1], atol=1e-4)
-        assert torch.allclose(v, batch.values[row : row + 1], atol=1e-4)
+        sc = score(policy, None, single, None, 1.0, None)
+        assert torch.allclose(sc.logprobs, batch.logprobs[row : row + 1], atol=1e-4)
+        assert torch.allclose(sc.values, batch.values[row : row + 1], atol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["causal", "seq2seq"])
@@ -191,3 +190,229 @@ def test_bf16_autocast_scoring_keeps_fp32_master_weights(make_policy):
     assert all(p.dtype == torch.float32 for p in policy.parameters())
     # bf16 scoring stays close to the generation-time distribution
     assert (batch.logprobs - batch.sample_logprobs).abs().max() < 0.5
+
+
+# ---- the KL penalty is computed on the full vocabulary (issue 8, defect 1) -------------------------
+
+
+def _perturbed(policy, scale: float = 0.3, seed: int = 7) -> None:
+    """Move the policy away from its reference, as training would."""
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(seed)
+        for p in policy.lm.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+def _hand_full_logprobs(lm, policy, prompt: str, gen_ids: list[int], tok, temperature: float):
+    """Full-vocabulary log-softmax(logits / T) rows for each generated token, one unpadded sequence."""
+    ids = torch.tensor([tok(prompt)["input_ids"] + gen_ids])
+    n_prompt = ids.shape[1] - len(gen_ids)
+    with torch.no_grad():
+        logits = lm(input_ids=ids).logits[0, n_prompt - 1 : -1]
+    return torch.log_softmax(logits / temperature, dim=-1)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3", "full"])
+def test_kl_with_top_k_1_is_the_full_vocabulary_kl(make_policy, estimator):
+    """With ``top_k: 1`` the sampled distributions of any two models are the same point mass, so a KL
+    taken on them is 0 however far the policy moved; the penalty must use the full distributions."""
+    from engine.algorithms.ppo import PPO
+    from engine.config import AlgorithmConfig
+
+    policy, tok = make_policy("causal")
+    ref = frozen_copy(policy.lm)
+    _perturbed(policy)
+    temperature = 0.7
+    spec = SamplingSpec(max_new_tokens=5, eos_id=None, top_k=1, temperature=temperature)
+    batch = collect(
+        policy,
+        ref,
+        tok,
+        _samples(),
+        spec,
+        32,
+        8,
+        torch.device("cpu"),
+        generator=torch.Generator().manual_seed(0),
+        kl_estimator=estimator,
+    )
+    assert torch.allclose(batch.logprobs, torch.zeros_like(batch.logprobs))  # the sampled dist: a point mass
+    for row, prompt in enumerate(PROMPTS):
+        n = int(batch.gen_mask[row].sum())
+        gen = batch.gen_ids[row, :n].tolist()
+        lp = _hand_full_logprobs(policy.lm, policy, prompt, gen, tok, temperature)
+        rlp = _hand_full_logprobs(ref, policy, prompt, gen, tok, temperature)
+        tok_lp = lp.gather(-1, torch.tensor(gen)[:, None]).squeeze(-1)
+        tok_rlp = rlp.gather(-1, torch.tensor(gen)[:, None]).squeeze(-1)
+        if estimator == "k1":
+            expected = tok_lp - tok_rlp
+        elif estimator == "k3":
+            r = torch.exp(tok_rlp - tok_lp)
+            expected = (r - 1) - torch.log(r)
+        else:
+            expected = (lp.exp() * (lp - rlp)).sum(-1)
+        assert torch.allclose(batch.kl[row, :n], expected, atol=1e-4), (batch.kl[row, :n], expected)
+        assert torch.allclose(batch.kl_logprobs[row, :n], tok_lp, atol=1e-4)
+        assert torch.allclose(batch.ref_logprobs[row, :n], tok_rlp, atol=1e-4)
+    # The policy moved: the penalty sees it (k3 and full are non-negative per token; k1 on average).
+    valid = batch.gen_mask.bool()
+    assert float(batch.kl[valid].mean()) > 0.05
+    if estimator != "k1":
+        assert bool((batch.kl[valid] >= -1e-6).all())
+    # ... while the PPO ratio still compares the distributions actually sampled from: 1 at the start.
+    algo = PPO(AlgorithmConfig(minibatch_size=3))
+    idx = torch.arange(len(batch))
+    zeros = torch.zeros_like(batch.logprobs)
+    _, stats = algo.minibatch_loss(policy, batch, idx, zeros, zeros, temperature, None)
+    assert float(stats["policy/ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
+    assert float(stats["policy/approx_kl"]) < 1e-6
+    # The reported entropy is the full distribution's (a point mass would have entropy 0).
+    assert float(stats["policy/entropy"]) > 1.0
+    assert float(batch.entropy[valid].min()) > 1.0
+
+
+# ---- padding: causal prompts left, encoder prompts right; forced BOS (issue 8, defect 3) -----------
+
+
+def _tiny_bart(tok, forced_bos: int | None = None):
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from engine.models.loading import disable_dropout
+    from engine.models.policy import ActorCritic
+
+    eos = tok.eos_token_id
+    cfg = BartConfig(
+        vocab_size=len(tok),
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        init_std=0.2,  # larger than BART's 0.02, so the encoder (and its positions) visibly matter
+        pad_token_id=eos,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        decoder_start_token_id=eos,
+    )
+    torch.manual_seed(0)
+    lm = BartForConditionalGeneration(cfg).eval()
+    disable_dropout(lm)
+    if forced_bos is not None:
+        lm.generation_config.forced_bos_token_id = forced_bos
+    return ActorCritic(lm, True)
+
+
+def _first_token(policy, tok, prompts):
+    ids, mask = tokenize_prompts(
+        tok, prompts, 32, torch.device("cpu"), "right" if policy.is_seq2seq else "left"
+    )
+    g = generate(
+        policy.lm,
+        policy.is_seq2seq,
+        ids,
+        mask,
+        SamplingSpec(max_new_tokens=3, eos_id=None, do_sample=False),
+        tok.pad_token_id,
+        policy.decoder_start_id,
+    )
+    return g.gen_ids[:, 0], g.sample_logprobs[:, 0]
+
+
+@pytest.mark.parametrize("model", ["causal", "bart"])
+def test_batched_and_single_generation_agree_on_the_first_token(make_policy, model):
+    """A short prompt in a batch must see the same first-step distribution as alone. Causal: the
+    tokenizer asks for right padding (it is overridden: prompts are left padded). BART: learned
+    absolute positions ignore the attention mask, so its prompts must not be left padded."""
+    policy, tok = make_policy("causal")
+    if model == "bart":
+        policy = _tiny_bart(tok)
+    else:
+        tok.padding_side = "right"
+    samples = _samples()
+    # through the rollout collector (prompts padded by the model kind, whatever the tokenizer says)
+    batch = collect(
+        policy,
+        None,
+        tok,
+        samples,
+        SamplingSpec(max_new_tokens=3, eos_id=None, do_sample=False),
+        32,
+        8,
+        torch.device("cpu"),
+    )
+    for row, prompt in enumerate(PROMPTS):
+        alone = collect(
+            policy,
+            None,
+            tok,
+            [samples[row]],
+            SamplingSpec(max_new_tokens=3, eos_id=None, do_sample=False),
+            32,
+            8,
+            torch.device("cpu"),
+        )
+        assert int(alone.gen_ids[0, 0]) == int(batch.gen_ids[row, 0])
+        assert float(alone.sample_logprobs[0, 0]) == pytest.approx(float(batch.sample_logprobs[row, 0]), abs=1e-5)
+        assert float(alone.logprobs[0, 0]) == pytest.approx(float(batch.logprobs[row, 0]), abs=1e-5)
+    # through evaluation's generation
+    from engine.config import GenerationConfig
+    from engine.evaluation import generate_texts
+
+    gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=3, batch_size=8)
+    together = generate_texts(
+        policy.lm, policy.is_seq2seq, tok, PROMPTS, gen_cfg, 32, torch.device("cpu"), None,
+        decoder_start_id=policy.decoder_start_id,
+    )  # fmt: skip
+    alone = [
+        generate_texts(
+            policy.lm, policy.is_seq2seq, tok, [p], gen_cfg, 32, torch.device("cpu"), None,
+            decoder_start_id=policy.decoder_start_id,
+        )[0]
+        for p in PROMPTS
+    ]  # fmt: skip
+    assert together == alone
+
+
+def test_right_padding_is_rejected_for_causal_models(tiny_dirs):
+    from engine.config import ConfigError, parse_config
+    from engine.models.loading import load_tokenizer
+
+    with pytest.raises(ValueError, match="padding_side: 'right' is not allowed for a causal model"):
+        load_tokenizer(tiny_dirs["causal"], padding_side="right", kind="causal")
+    with pytest.raises(ConfigError, match="padding_side"):
+        parse_config({"model": {"type": "causal"}, "tokenizer": {"padding_side": "right"}})
+    # encoder-decoder prompts are right padded whatever the config says
+    assert load_tokenizer(tiny_dirs["seq2seq"], padding_side="left", kind="seq2seq").padding_side == "right"
+
+
+def test_forced_bos_token_is_honoured_by_the_generation_loop(make_policy):
+    """BART-like models force their first decoder token (``forced_bos_token_id``): generation and
+    scoring must condition on [start, forced BOS], and the forced token is no action of the policy."""
+    _, tok = make_policy("causal")
+    forced = tok(" Hello")["input_ids"][0]
+    policy = _tiny_bart(tok, forced_bos=forced)
+    assert policy.decoder_start_id == [tok.eos_token_id, forced]
+    first, first_lp = _first_token(policy, tok, PROMPTS)
+    ids, mask = tokenize_prompts(tok, PROMPTS, 32, torch.device("cpu"), "right")
+    dec = torch.tensor([[tok.eos_token_id, forced]] * len(PROMPTS))
+    with torch.no_grad():
+        logits = policy.lm(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits[:, -1]
+    expected = torch.log_softmax(logits, -1)
+    assert torch.equal(first, expected.argmax(-1))
+    assert torch.allclose(first_lp, expected.gather(1, first[:, None]).squeeze(1), atol=1e-5)
+    # the teacher-forced scoring pass sees the same prefix
+    batch = collect(
+        policy,
+        None,
+        tok,
+        _samples(),
+        SamplingSpec(max_new_tokens=4, eos_id=None),
+        32,
+        8,
+        torch.device("cpu"),
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert torch.allclose(batch.logprobs, batch.sample_logprobs, atol=1e-5)
