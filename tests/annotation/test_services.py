@@ -424,3 +424,137 @@ def test_run_page_shows_its_human_evaluation(two_runs, researcher_client, settin
     _judge_all(camp, [u], lambda item, _u: "a" if item.system_a == f"run:{good.pk}" else "b")
     html = researcher_client.get(f"/runs/{good.pk}/").content.decode()
     assert 'id="human-eval"' in html and "judged-on-run-page" in html and "1 of 2" in html
+
+
+def _run_with(name, rows, step=10):
+    """A run whose last evaluation holds ``rows`` of (sample id, prompt, generation)."""
+    from webapp.runs.models import Run, Sample
+
+    run = Run.objects.create(name=name, status="succeeded", config={})
+    Sample.objects.bulk_create(
+        [
+            Sample(run=run, step=step, split="validation", sample_id=sid, prompt=p, generation=g)
+            for sid, p, g in rows
+        ]
+    )
+    return run
+
+
+def test_runs_are_matched_on_sample_id_first_then_prompt_and_the_rest_is_reported(researcher):
+    """Issue 13: two runs of a task whose prompts are all identical gave a 1-item campaign, silently."""
+    same = "Write a positive review:"
+    a = _run_with("a", [(str(i), same, f"a-{i}") for i in range(8)])
+    b = _run_with("b", [(str(i), same, f"b-{i}") for i in range(8)])
+    camp = campaigns.create_campaign_from_runs("ids", [a.pk, b.pk], user=researcher, overlap=1)
+    items = list(camp.items.all())
+    assert len(items) == 8 and camp.build_report["by_sample_id"] == 8
+    for it in items:  # each item pairs the two runs' generations for the SAME sample
+        outs = {it.system_a: it.output_a, it.system_b: it.output_b}
+        assert outs[f"run:{a.pk}"][2:] == outs[f"run:{b.pk}"][2:]
+    # Ids that do not match: identical prompts are still paired, once per occurrence in every run.
+    c = _run_with("c", [(f"x{i}", same, f"c-{i}") for i in range(5)])
+    camp = campaigns.create_campaign_from_runs("prompts", [a.pk, c.pk], user=researcher, overlap=1)
+    assert camp.items.count() == 5
+    assert camp.build_report["by_prompt"] == 5
+    assert camp.build_report["unmatched"] == {str(a.pk): 3, str(c.pk): 0}
+    text = campaigns.describe_match(camp.build_report, camp.system_labels)
+    assert text.startswith("0 matched by sample id, 5 by prompt text; 3 samples not present in all runs")
+    assert f"#{a.pk} a: 3" in text
+    # Mixed: ids 0-2 match with the same prompt, id 3 has a different prompt in each run (matched by
+    # prompt if that prompt occurs in both), id 4 exists only in one run.
+    d = _run_with(
+        "d", [("0", "p0", "d0"), ("1", "p1", "d1"), ("2", "p2", "d2"), ("3", "q", "d3"), ("4", "z", "d4")]
+    )
+    e = _run_with(
+        "e", [("0", "p0", "e0"), ("1", "p1", "e1"), ("2", "p2", "e2"), ("3", "r", "e3"), ("9", "q", "e9")]
+    )
+    camp = campaigns.create_campaign_from_runs("mixed", [d.pk, e.pk], user=researcher, overlap=1)
+    rep = camp.build_report
+    assert (rep["by_sample_id"], rep["by_prompt"], rep["id_prompt_differs"]) == (3, 1, 1)
+    assert rep["unmatched"] == {str(d.pk): 1, str(e.pk): 1}
+    pairs = {frozenset((it.output_a, it.output_b)) for it in camp.items.all()}
+    assert pairs == {frozenset(p) for p in [("d0", "e0"), ("d1", "e1"), ("d2", "e2"), ("d3", "e9")]}
+
+
+def test_campaign_page_says_how_items_were_matched(client, researcher):
+    same = "Same prompt"
+    a = _run_with("run-a", [(str(i), same, f"a-{i}") for i in range(4)])
+    b = _run_with("run-b", [(str(i), same, f"b-{i}") for i in range(3)])
+    client.force_login(researcher)
+    r = client.post("/annotate/campaigns/new/", {"name": "m", "runs": [a.pk, b.pk], "kind": "pairwise",
+                                                  "overlap": "1", "pairing": "all_pairs"}, follow=True)  # fmt: skip
+    html = r.content.decode()
+    assert "Campaign created with 3 items" in html
+    assert 'id="build-report"' in html and "3 matched by sample id, 0 by prompt text" in html
+    assert "1 samples not present in all runs" in html
+
+
+def test_campaign_caps_refuse_too_many_runs_or_items(researcher, settings):
+    runs = [_run_with(f"r{i}", [("0", "p", f"g{i}")]) for i in range(4)]
+    settings.ANNOTATION_MAX_SYSTEMS = 3
+    with pytest.raises(AnnotationError, match="4 systems, more than the limit of 3"):
+        campaigns.create_campaign_from_runs("x", [r.pk for r in runs])
+    settings.ANNOTATION_MAX_SYSTEMS = 50
+    settings.ANNOTATION_MAX_ITEMS = 5
+    with pytest.raises(AnnotationError, match="6 items, more than the limit of 5"):
+        campaigns.create_campaign_from_runs("x", [r.pk for r in runs])  # 4 systems: 6 pairs per input
+    assert Campaign.objects.count() == 0
+
+
+def test_heldout_split_never_shares_an_input_with_training(two_runs):
+    """Issue 17: pairs about one input (3 systems → 3 items per prompt, each judged by 3 annotators)
+    all land on the same side of the reward model's held-out split, for several seeds."""
+    import random as _random
+
+    from engine.reward_model import parse_pairs, split_heldout
+    from tests.annotation.conftest import make_run
+
+    good, bad = two_runs
+    prompts = [f"Prompt number {i}:" for i in range(6)]
+    mid = make_run("mid-run", prompts, [f"an okay answer {i}" for i in range(6)])
+    camp = campaigns.create_campaign_from_runs("rm", [good.pk, bad.pk, mid.pk], overlap=3)
+    users = [make_user(f"u{i}") for i in range(3)]
+    for u in users:
+        invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
+    _judge_all(camp, users, lambda item, u: "a" if hash((item.pk, u.pk)) % 2 else "b")
+    raw = exports.preference_pairs(camp)
+    assert len(raw) == 6 * 3 * 3
+    pairs = parse_pairs([json.dumps(p) for p in raw])
+    for seed in range(5):
+        held, train = split_heldout(pairs, 0.3, _random.Random(seed))
+        assert held and train and len(held) + len(train) == len(pairs)
+        held_inputs = {p.meta["group"] for p in held}
+        train_inputs = {p.meta["group"] for p in train}
+        assert not held_inputs & train_inputs
+        assert not {p.meta["item"] for p in held} & {p.meta["item"] for p in train}
+        assert not {p.prompt for p in held} & {p.prompt for p in train}
+        train_texts = {t for p in train for t in (p.chosen, p.rejected)}
+        assert not {t for p in held for t in (p.chosen, p.rejected)} & train_texts
+
+
+def test_reward_model_reports_heldout_count_and_wilson_interval(settings):
+    from annotation.reward_models import heldout_summary
+
+    tiny = heldout_summary({"heldout_pairs": 2, "heldout_accuracy": 1.0})
+    assert tiny["heldout_too_small"] and tiny["heldout_n"] == 2
+    assert tiny["heldout_text"] == "too few held-out pairs to measure (n=2, need 20; 1.00 observed)"
+    assert tiny["heldout_low"] < 0.35 and tiny["heldout_high"] == 1.0  # Wilson: 2 of 2 is far from certain
+    ok = heldout_summary({"heldout_pairs": 40, "heldout_accuracy": 0.85})
+    assert not ok["heldout_too_small"]
+    assert ok["heldout_text"] == f"0.85 (95% CI {ok['heldout_low']:.2f}–{ok['heldout_high']:.2f}, n=40)"
+    assert 0.70 < ok["heldout_low"] < 0.85 < ok["heldout_high"] < 0.95
+    assert heldout_summary({})["heldout_text"].startswith("no held-out pairs")
+    settings.ANNOTATION_MIN_HELDOUT = 50
+    assert heldout_summary({"heldout_pairs": 40, "heldout_accuracy": 0.85})["heldout_too_small"]
+
+
+def test_special_tokens_are_shown_as_escaped_markers():
+    from annotation.templatetags.annotation_tags import special_tokens
+
+    html = special_tokens("Great film!<|endoftext|><pad><pad> and </s> <script>alert(1)</script> [SEP]")
+    assert "<|endoftext|>" not in html and "<script>" not in html and "&lt;script&gt;" in html
+    assert html.count('class="special-token"') == 5
+    assert "⟦end of text⟧" in html and "⟦padding⟧" in html and "⟦separator⟧" in html
+    assert 'title="model control token &lt;|endoftext|&gt;"' in html
+    assert special_tokens("a < b & c") == "a &lt; b &amp; c"  # ordinary text is only escaped

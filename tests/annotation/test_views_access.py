@@ -329,3 +329,42 @@ def test_upload_caps_systems_items_lines_and_size(client, researcher, settings):
     settings.ANNOTATION_MAX_ITEMS = 12
     r = _upload(client, twelve)
     assert r.status_code == 302 and Campaign.objects.get().items.count() == 12  # at the limits: accepted
+
+
+def test_annotator_sees_special_tokens_as_markers_and_no_draft_wording(client, annotator):
+    data = json.dumps(
+        {"prompt": "Continue:<|endoftext|>", "outputs": {"X": "Nice.<|endoftext|><pad>", "Y": "Bad</s>"}}
+    )
+    camp = uploads.create_campaign_from_upload("tokens", data, overlap=1)
+    invites.add_member(camp, annotator)
+    client.force_login(annotator)
+    html = client.get(f"/annotate/c/{camp.pk}/").content.decode()  # not started yet
+    assert "not started yet" in html and "draft" not in html.lower()
+    campaigns.start_campaign(camp)
+    html = client.get(f"/annotate/c/{camp.pk}/").content.decode()
+    assert (
+        "⟦end of text⟧" in html
+        and "⟦padding⟧" in html
+        and "<|endoftext|>" not in html
+        and "<pad>" not in html
+    )
+    assert "draft" not in html.lower()
+    campaigns.close_campaign(camp)
+    html = client.get(f"/annotate/c/{camp.pk}/").content.decode()
+    assert "has ended" in html and "draft" not in html.lower()
+
+
+def test_owner_previews_items_annotators_cannot(client, researcher, annotator):
+    data = json.dumps({"prompt": "Prompt<|endoftext|>", "outputs": {"SYS_A": "first <b>bold</b>", "SYS_B": "second</s>"},
+                       "metrics": {"SYS_A": {"score": 0.5}}})  # fmt: skip
+    camp = uploads.create_campaign_from_upload("preview me", data, overlap=1)
+    client.force_login(researcher)
+    assert 'id="preview-link"' in client.get(f"/annotate/campaigns/{camp.pk}/").content.decode()
+    r = client.get(f"/annotate/campaigns/{camp.pk}/preview/")
+    html = r.content.decode()
+    assert r.status_code == 200 and html.count('class="card preview-item"') == 1
+    assert "first &lt;b&gt;bold&lt;/b&gt;" in html and "⟦end of text⟧" in html and "SYS_A" in html
+    client.force_login(annotator)
+    invites.add_member(camp, annotator)
+    r = client.get(f"/annotate/campaigns/{camp.pk}/preview/")
+    assert r.status_code in (302, 403) and "SYS_A" not in r.content.decode()
