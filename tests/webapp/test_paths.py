@@ -1,0 +1,138 @@
+"""Path confinement (webapp/runs/paths.py): the final path of every string that can be a path is
+checked, in the shapes that slipped through before (a GGUF file joined after the check, ``runs/../..``
+taken for a hub id, a path with a space, a model reference not starting with ``/ . ~``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from webapp.runs import paths, services
+from webapp.runs.errors import ConfigInvalid, PathNotAllowed
+
+TINY = {
+    "name": "tiny",
+    "model": {"name_or_path": "builtin:tiny-gpt2"},
+    "task": {"id": "synthetic_increasing_numbers"},
+    "reward": {"id": "increasing_numbers"},
+    "train": {"n_iters": 2, "prompts_per_iter": 4},
+}
+
+
+@pytest.fixture
+def roots(settings, tmp_path):
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    settings.ALLOWED_ROOTS = [allowed]
+    return allowed
+
+
+@pytest.mark.parametrize(
+    ("value", "hub"),
+    [
+        ("gpt2", True),
+        ("allenai/t5-base", True),
+        ("org/name.v2", True),
+        ("runs/../../etc", False),
+        ("a/b/c", False),
+        ("/abs", False),
+        ("~/x", False),
+        ("./x", False),
+        ("my model", False),
+        ("org/../x", False),
+        ("..", False),
+    ],
+)
+def test_hub_ids_have_a_hub_ids_shape(value, hub):
+    assert paths.is_hub_id(value) is hub
+    assert paths.is_model_reference_safe(value) is hub
+
+
+def test_a_relative_string_naming_a_local_directory_is_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    assert not paths.is_hub_id("org/name")
+    assert paths.is_model_reference_safe("builtin:tiny-gpt2")
+
+
+@pytest.mark.parametrize(
+    ("value", "is_path"),
+    [
+        ("/data/my reviews.jsonl", True),  # spaces do not make a path text
+        ("~/data", True),
+        ("runs/../../etc/passwd", True),
+        ("Translate English/German: ", False),  # prose that names nothing on disk
+        ("gpt2", False),
+        ("lang", False),
+        ("allenai/t5-base", False),
+    ],
+)
+def test_free_form_strings_that_can_be_paths(value, is_path):
+    assert paths.looks_like_path(value) is is_path
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [
+        ({"model": {"name_or_path": "runs/../../../../../../etc"}}, "model.name_or_path"),
+        ({"model": {"name_or_path": "/etc/a model with spaces"}}, "model.name_or_path"),
+        ({"tokenizer": {"name_or_path": "x/y/z"}}, "tokenizer.name_or_path"),
+        ({"task": {"id": "imdb", "args": {"path": "/etc/my data.jsonl"}}}, "task.args.path"),
+        ({"task": {"id": "imdb", "args": {"path": "runs/../../../../../etc"}}}, "task.args.path"),
+    ],
+)
+def test_every_shape_of_path_outside_the_roots_is_refused(researcher, roots, section, field):
+    with pytest.raises(ConfigInvalid) as exc:
+        services.create_run({**TINY, **section}, user=researcher)
+    assert list(exc.value.field_errors) == [field]
+
+
+@pytest.mark.django_db
+def test_a_gguf_file_is_checked_joined_with_its_directory(researcher, roots, tmp_path):
+    (roots / "m").mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "evil.gguf").write_text("")
+    for gguf in ("../../elsewhere/evil.gguf", str(outside / "evil.gguf")):
+        cfg = {**TINY, "model": {"name_or_path": str(roots / "m"), "gguf_file": gguf}}
+        with pytest.raises(ConfigInvalid) as exc:
+            services.create_run(cfg, user=researcher)
+        assert list(exc.value.field_errors) == ["model.gguf_file"]
+        assert str(outside / "evil.gguf") in exc.value.field_errors["model.gguf_file"][0]
+    (roots / "m" / "ok.gguf").write_text("")
+    cfg = {**TINY, "model": {"name_or_path": str(roots / "m"), "gguf_file": "ok.gguf"}}
+    assert services.create_run(cfg, user=researcher).config["model"]["gguf_file"] == "ok.gguf"
+
+
+@pytest.mark.django_db
+def test_prose_and_hub_ids_in_a_config_are_not_paths(researcher, roots):
+    cfg = {
+        **TINY,
+        "model": {"name_or_path": "gpt2"},
+        "task": {"id": "imdb", "args": {"prompt_prefix": "Translate English/German: "}},
+    }
+    run = services.create_run(cfg, user=researcher)
+    assert run.config["task"]["args"]["prompt_prefix"] == "Translate English/German: "
+
+
+def test_check_path_resolves_symlinks_and_dotdot(roots, tmp_path):
+    inside = roots / "a" / "b"
+    inside.mkdir(parents=True)
+    assert paths.check_path(inside) == inside
+    with pytest.raises(PathNotAllowed, match="resolves to"):
+        paths.check_path(roots / ".." / "elsewhere")
+    (roots / "link").symlink_to("/etc")
+    with pytest.raises(PathNotAllowed, match="/etc/passwd"):
+        paths.check_path(roots / "link" / "passwd")
+
+
+def test_is_plain_dir_inside_refuses_symlinks_anywhere_on_the_way(tmp_path):
+    root = tmp_path / "runs"
+    (root / "real" / "child").mkdir(parents=True)
+    (tmp_path / "out" / "child").mkdir(parents=True)
+    (root / "via-link").symlink_to(tmp_path / "out")
+    assert paths.is_plain_dir_inside(root / "real" / "child", root) == root / "real" / "child"
+    assert paths.is_plain_dir_inside(root / "via-link" / "child", root) is None
+    assert paths.is_plain_dir_inside(root / "via-link", root) is None
+    assert paths.is_plain_dir_inside(root, root) is None
+    assert paths.is_plain_dir_inside(tmp_path / "out", root) is None
