@@ -13,7 +13,13 @@ from engine.algorithms.ppo import (
     kl_shaped_rewards,
     whiten,
 )
-from engine.kl import AdaptiveKLController, FixedKLController, build_kl_controller
+from engine.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    ZieglerKLController,
+    build_kl_controller,
+    kl_estimate,
+)
 from engine.registry import UnknownComponentError, kl_controllers
 
 
@@ -105,24 +111,60 @@ def test_explained_variance():
     assert explained_variance(torch.full_like(target, 2.0), target, mask) == pytest.approx(0.0)
 
 
-def test_adaptive_kl_controller_updates_by_hand():
-    ctl = AdaptiveKLController(init_coef=0.1, target=1.0, horizon=100)
-    assert ctl.update(2.0, n_steps=10) == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))  # error clipped to +0.2
-    ctl = AdaptiveKLController(init_coef=0.1, target=1.0, horizon=100)
-    assert ctl.update(0.5, n_steps=10) == pytest.approx(0.1 * (1 - 0.2 * 10 / 100))  # clipped to -0.2
-    ctl = AdaptiveKLController(init_coef=0.1, target=1.0, horizon=100)
-    assert ctl.update(1.1, n_steps=10) == pytest.approx(0.1 * (1 + 0.1 * 10 / 100))
+def test_adaptive_kl_controller_is_rl4lms_rule_by_hand():
+    """RL4LMs's KLController.step: beta *= 1 + 0.1 * clip((KL - target) / target, -0.2, 0.2), once per
+    rollout, on the per-token mean KL; the number of episodes plays no part."""
+    ctl = AdaptiveKLController(init_coef=0.1, target=0.1)
+    assert ctl.update(0.3, n_steps=10) == pytest.approx(0.1 * 1.02)  # (0.3-0.1)/0.1 = 2 -> clipped to 0.2
+    assert ctl.update(0.3, n_steps=10_000) == pytest.approx(0.1 * 1.02**2)  # rises again, same factor
+    ctl = AdaptiveKLController(init_coef=0.1, target=0.1)
+    assert ctl.update(0.0, n_steps=10) == pytest.approx(0.1 * 0.98)  # (0-0.1)/0.1 = -1 -> clipped to -0.2
+    ctl = AdaptiveKLController(init_coef=0.1, target=0.1)
+    assert ctl.update(0.11, n_steps=1) == pytest.approx(0.1 * (1 + 0.1 * 0.1))  # within the clip
+    ctl = AdaptiveKLController(init_coef=0.1, target=0.1)
+    assert ctl.update(0.095, n_steps=1) == pytest.approx(0.1 * (1 - 0.1 * 0.05))
+    assert AdaptiveKLController.unit == "token"
     state = ctl.state_dict()
-    other = AdaptiveKLController(init_coef=5.0, target=3.0, horizon=7)
+    other = AdaptiveKLController(init_coef=5.0, target=3.0)
+    other.load_state_dict(state)
+    assert (other.value, other.target) == (ctl.value, 0.1)
+    assert other.update(0.2, 1) == pytest.approx(ctl.update(0.2, 1))
+    with pytest.raises(ValueError, match="kl.target"):
+        AdaptiveKLController(target=None)
+
+
+def test_ziegler_kl_controller_updates_by_hand():
+    """Ziegler et al.: per-episode KL sum, moving in proportion to n_episodes / horizon."""
+    ctl = ZieglerKLController(init_coef=0.1, target=1.0, horizon=100)
+    assert ctl.update(2.0, n_steps=10) == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))  # error clipped to +0.2
+    ctl = ZieglerKLController(init_coef=0.1, target=1.0, horizon=100)
+    assert ctl.update(0.5, n_steps=10) == pytest.approx(0.1 * (1 - 0.2 * 10 / 100))  # clipped to -0.2
+    ctl = ZieglerKLController(init_coef=0.1, target=1.0, horizon=100)
+    assert ctl.update(1.1, n_steps=10) == pytest.approx(0.1 * (1 + 0.1 * 10 / 100))
+    assert ZieglerKLController.unit == "episode"
+    state = ctl.state_dict()
+    other = ZieglerKLController(init_coef=5.0, target=3.0, horizon=7)
     other.load_state_dict(state)
     assert (other.value, other.target, other.horizon) == (ctl.value, 1.0, 100)
     assert other.update(1.1, 10) == pytest.approx(ctl.update(1.1, 10))
 
 
+def test_kl_estimators_by_hand():
+    lp = torch.tensor([-1.0, -2.0, -0.5])
+    ref = torch.tensor([-1.5, -1.0, -0.5])
+    assert torch.allclose(kl_estimate(lp, ref, "k1"), torch.tensor([0.5, -1.0, 0.0]))
+    # k3 = (r - 1) - log r, r = exp(ref - lp): r = e^-0.5, e^1, 1
+    r = torch.exp(ref - lp)
+    assert torch.allclose(kl_estimate(lp, ref, "k3"), (r - 1) - torch.log(r))
+    assert float(kl_estimate(lp, ref, "k3")[1]) == pytest.approx(math.e - 2.0, rel=1e-5)
+    with pytest.raises(ValueError, match="full"):
+        kl_estimate(lp, ref, "full")
+
+
 def test_fixed_kl_controller_and_registry():
     ctl = FixedKLController(init_coef=0.3)
     assert ctl.update(100.0, 64) == 0.3
-    assert set(kl_controllers.ids()) >= {"fixed", "adaptive"}
+    assert set(kl_controllers.ids()) >= {"fixed", "adaptive", "ziegler"}
     with pytest.raises(UnknownComponentError, match="adaptive"):
         kl_controllers.get("nope")
 
@@ -130,3 +172,43 @@ def test_fixed_kl_controller_and_registry():
         controller, init_coef, target, horizon = "adaptive", 0.2, 0.5, 1000
 
     assert isinstance(build_kl_controller(Cfg()), AdaptiveKLController)
+    Cfg.controller = "ziegler"
+    assert isinstance(build_kl_controller(Cfg()), ZieglerKLController)
+
+
+def test_approx_kl_includes_the_minibatch_that_stops_the_update(make_policy):
+    """SB3 (and RL4LMs) record approx_kl before the early-stop check: the minibatch whose KL triggers
+    the stop is in the reported statistic, though its gradient is never applied."""
+    from engine.algorithms.ppo import PPO
+    from engine.config import AlgorithmConfig
+    from engine.data.base import Sample
+    from engine.models.policy import frozen_copy
+    from engine.rollout import SamplingSpec, collect
+
+    policy, tok = make_policy("causal")
+    samples = [Sample(id=str(i), prompt=p, references=[]) for i, p in enumerate(["One", "Two three", "4 5"])]
+    batch = collect(
+        policy,
+        frozen_copy(policy.lm),
+        tok,
+        samples,
+        SamplingSpec(max_new_tokens=5, eos_id=None),
+        32,
+        8,
+        torch.device("cpu"),
+        generator=torch.Generator().manual_seed(0),
+    )
+    with torch.no_grad():  # the policy has moved since the rollout: the first minibatch's KL is large
+        g = torch.Generator().manual_seed(1)
+        for p in policy.lm.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    algo = PPO(AlgorithmConfig(minibatch_size=3, n_epochs=2, target_kl=1e-4))
+    zeros = torch.zeros_like(batch.logprobs)
+    _, direct = algo.minibatch_loss(policy, batch, torch.arange(3), zeros, zeros, 1.0, None)
+    assert float(direct["policy/approx_kl"]) > 1.5e-4
+    before = [p.detach().clone() for p in policy.parameters()]
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    out = algo.update(policy, opt, batch, advantages=zeros, returns=zeros, generator=torch.Generator())
+    assert out["policy/early_stopped"] == 1.0 and out["policy/n_updates"] == 0.0
+    assert out["policy/approx_kl"] == pytest.approx(float(direct["policy/approx_kl"]), rel=1e-4)
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))  # nothing applied

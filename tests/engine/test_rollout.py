@@ -343,7 +343,7 @@ def test_batched_and_single_generation_agree_on_the_first_token(make_policy, mod
         8,
         torch.device("cpu"),
     )
-    for row, prompt in enumerate(PROMPTS):
+    for row in range(len(PROMPTS)):
         alone = collect(
             policy,
             None,
@@ -355,7 +355,9 @@ def test_batched_and_single_generation_agree_on_the_first_token(make_policy, mod
             torch.device("cpu"),
         )
         assert int(alone.gen_ids[0, 0]) == int(batch.gen_ids[row, 0])
-        assert float(alone.sample_logprobs[0, 0]) == pytest.approx(float(batch.sample_logprobs[row, 0]), abs=1e-5)
+        assert float(alone.sample_logprobs[0, 0]) == pytest.approx(
+            float(batch.sample_logprobs[row, 0]), abs=1e-5
+        )
         assert float(alone.logprobs[0, 0]) == pytest.approx(float(batch.logprobs[row, 0]), abs=1e-5)
     # through evaluation's generation
     from engine.config import GenerationConfig
