@@ -1,0 +1,149 @@
+"""The run page's plug-in panels and buttons, the delete page's file rule, and the admin's read-only
+fields, through Django's test client against the real database."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils.html import escape
+
+from webapp.runs import extensions, lifecycle, services
+from webapp.runs.models import Checkpoint, Run, RunStatus
+
+pytestmark = pytest.mark.django_db
+
+TINY = {
+    "name": "tiny",
+    "model": {"name_or_path": "builtin:tiny-gpt2"},
+    "task": {"id": "synthetic_increasing_numbers"},
+    "reward": {"id": "increasing_numbers"},
+    "train": {"n_iters": 2, "prompts_per_iter": 4},
+}
+
+
+@pytest.fixture
+def own_panels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test's panels only (the installed apps' panels are registered at start-up)."""
+    monkeypatch.setattr(extensions, "_run_panels", {})
+
+
+def test_run_page_shows_registered_panels_in_order(
+    researcher_client: Client, researcher: Any, own_panels: None
+) -> None:
+    run = services.create_run(TINY, user=researcher, name="paneled")
+    seen: list[tuple[str, int]] = []
+
+    def second(request: Any, r: Run) -> str:
+        seen.append((request.user.username, r.pk))
+        return f'<div id="second-panel">{escape(r.name)}</div>'
+
+    extensions.register_run_panel("second", second, order=20)
+    extensions.register_run_panel("first", lambda request, r: '<div id="first-panel">one</div>', order=10)
+    extensions.register_run_panel("nothing", lambda request, r: None, order=5)
+    html = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert seen == [(researcher.username, run.pk)]
+    assert html.index('id="first-panel"') < html.index('id="second-panel">paneled<')
+    assert 'data-panel="nothing"' not in html
+    # registering a name again replaces the panel
+    extensions.register_run_panel("first", lambda request, r: '<div id="first-v2"></div>', order=10)
+    html = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert 'id="first-v2"' in html and 'id="first-panel"' not in html
+
+
+def test_actions_fragment_follows_the_runs_state(
+    researcher_client: Client, researcher: Any, runs_dir: Any
+) -> None:
+    """What the page swaps in on a status message: Resume appears once a cancelled run has a
+    checkpoint, Cancel disappears once cancel is requested."""
+    run = services.create_run(TINY, user=researcher)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING)
+    url = f"/runs/{run.pk}/actions/"
+    html = researcher_client.get(url).content.decode()
+    assert 'id="cancel-form" data-show="active">' in html and "resume-btn" not in html
+    lifecycle.cancel_run(run)
+    html = researcher_client.get(url).content.decode()
+    assert 'id="cancel-form" data-show="active" hidden>' in html
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.CANCELLED, run_dir=str(runs_dir / "x"))
+    Checkpoint.objects.create(run_id=run.pk, step=3, path=str(runs_dir / "x" / "ck"))
+    html = researcher_client.get(url).content.decode()
+    assert 'id="resume-btn"' in html and 'id="retry-btn"' in html
+    assert (
+        json.loads(
+            researcher_client.get(f"/runs/{run.pk}/")
+            .content.decode()
+            .split('id="run-live-config"')[1]
+            .split(">", 1)[1]
+            .split("</script>")[0]
+        )["actions_url"]
+        == url
+    )
+
+
+def test_actions_fragment_needs_the_researcher_role(client: Client, annotator: Any, researcher: Any) -> None:
+    run = services.create_run(TINY, user=researcher)
+    assert client.get(f"/runs/{run.pk}/actions/").status_code == 302
+    client.force_login(annotator)
+    assert client.get(f"/runs/{run.pk}/actions/").status_code in (302, 403)
+
+
+def test_delete_page_offers_file_removal_only_for_the_runs_own_directory(
+    researcher_client: Client, researcher: Any, settings: Any, tmp_path: Any
+) -> None:
+    settings.ALLOWED_ROOTS = [tmp_path]
+    d = tmp_path / "cli-run"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(TINY))
+    imported = services.import_run_dir(d, user=researcher)
+    html = researcher_client.get(f"/runs/{imported.pk}/delete/").content.decode()
+    assert 'name="delete_files"' not in html and 'id="files-kept"' in html
+    # even a forged POST keeps the files, and says so
+    resp = researcher_client.post(f"/runs/{imported.pk}/delete/", {"delete_files": "on"}, follow=True)
+    assert "its files were kept" in resp.content.decode()
+    assert (d / "config.json").exists() and not Run.objects.filter(pk=imported.pk).exists()
+
+    owned = services.create_run(TINY, user=researcher)
+    Run.objects.filter(pk=owned.pk).update(status=RunStatus.RUNNING)
+    owned.refresh_from_db()
+    run_dir = lifecycle.prepare_run_dir(owned)["train"]["output_dir"]
+    Run.objects.filter(pk=owned.pk).update(status=RunStatus.FAILED)
+    html = researcher_client.get(f"/runs/{owned.pk}/delete/").content.decode()
+    assert 'name="delete_files"' in html
+    researcher_client.post(f"/runs/{owned.pk}/delete/", {"delete_files": "on"})
+    assert not Run.objects.filter(pk=owned.pk).exists()
+    assert not Path(run_dir).exists()
+
+
+def test_admin_shows_config_run_dir_and_resume_from_read_only(
+    admin_user_client: Client, researcher: Any
+) -> None:
+    run = services.create_run(TINY, user=researcher, name="admin-view")
+    Run.objects.filter(pk=run.pk).update(run_dir="/srv/runs/run-x", resume_from="/srv/runs/run-x")
+    url = f"/admin/runs/run/{run.pk}/change/"
+    html = admin_user_client.get(url).content.decode()
+    for field in ("config", "run_dir", "resume_from"):
+        assert f'name="{field}"' not in html, field
+    assert "/srv/runs/run-x" in html
+    form = {
+        "name": "renamed",
+        "status": "draft",
+        "config": json.dumps({"model": {"name_or_path": "/etc"}}),
+        "run_dir": "/etc",
+        "resume_from": "/etc",
+        "tags": "",
+        "notes": "",
+        "progress": "0",
+        "attempts": "0",
+        "summary": "{}",
+        "last_metrics": "{}",
+        "auto_resumes": "0",
+    }
+    resp = admin_user_client.post(url, form)
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    run.refresh_from_db()
+    assert run.name == "renamed"  # an editable field changed ...
+    assert run.config["model"]["name_or_path"] == "builtin:tiny-gpt2"  # ... the read-only ones did not
+    assert run.run_dir == "/srv/runs/run-x" and run.resume_from == "/srv/runs/run-x"
