@@ -109,22 +109,46 @@ def _text(pair_prompt: str, response: str, include_prompt: bool) -> str:
     return pair_prompt + response if include_prompt else response
 
 
-def _group_of(p: PreferencePair, index: int) -> str:
-    """Pairs about the same item (several annotators judged it) must land on the same side of the
-    split, or the held-out accuracy would be measured on pairs the model was trained on."""
-    for key in ("group", "item"):
-        if key in p.meta and p.meta[key] is not None:
-            return f"{key}:{p.meta[key]}"
-    return f"pair:{p.prompt}\x00{p.chosen}\x00{p.rejected}" if p.meta.get("dedupe", True) else f"i:{index}"
+def _group_keys(p: PreferencePair, index: int) -> list[str]:
+    """What ties a pair to others that must stay on its side of the split: its ``meta.group`` and
+    ``meta.item`` (several annotators judged the same item), and its texts. The texts are compared as
+    prompt + the *unordered* two responses, so the same comparison judged either way round (A over B
+    by one annotator, B over A by another) is one item, even without meta."""
+    keys = [f"{k}:{p.meta[k]}" for k in ("group", "item") if p.meta.get(k) is not None]
+    if p.meta.get("dedupe", True):
+        lo, hi = sorted((p.chosen, p.rejected))
+        keys.append(f"text:{p.prompt}\x00{lo}\x00{hi}")
+    return keys or [f"i:{index}"]
 
 
 def split_heldout(
     pairs: Sequence[PreferencePair], fraction: float, rng: random.Random
 ) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """(held-out, train), split by group (``meta.group`` / ``meta.item`` / identical text)."""
-    groups: dict[str, list[PreferencePair]] = {}
+    """(held-out, train), split by group so that no item is on both sides (the held-out accuracy
+    must be measured on comparisons the model never trained on).
+
+    Pairs sharing any key of ``_group_keys`` (group, item or the same texts) form one group; groups
+    are joined transitively (union-find), then shuffled and dealt to the held-out side until it
+    holds ``fraction`` of the pairs.
+    """
+    parent = list(range(len(pairs)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[str, int] = {}
     for i, p in enumerate(pairs):
-        groups.setdefault(_group_of(p, i), []).append(p)
+        for key in _group_keys(p, i):
+            if key in owner:
+                parent[find(i)] = find(owner[key])
+            else:
+                owner[key] = i
+    groups: dict[int, list[PreferencePair]] = {}
+    for i, p in enumerate(pairs):
+        groups.setdefault(find(i), []).append(p)
     keys = list(groups)
     rng.shuffle(keys)
     target = int(round(len(pairs) * fraction)) if fraction > 0 else 0

@@ -78,6 +78,73 @@ def test_parse_pairs_names_line_and_field(tmp_path):
         rm.load_pairs(tmp_path / "missing.jsonl")
 
 
+def _item_keys(p: rm.PreferencePair) -> set[str]:
+    lo, hi = sorted((p.chosen, p.rejected))
+    keys = {f"text:{p.prompt}|{lo}|{hi}"}
+    if p.meta.get("item") is not None:
+        keys.add(f"item:{p.meta['item']}")
+    return keys
+
+
+def campaign_like_pairs(seed: int) -> list[rm.PreferencePair]:
+    """Judgments as a campaign exports them: 40 items, each judged by 1-4 annotators who may disagree
+    (chosen/rejected swapped), some items showing the same two texts as another item (a duplicated
+    sample), plus 20 CLI-style rows without meta that repeat one comparison in both directions."""
+    rng = random.Random(seed)
+    texts = [f"{s} was {w}." for s in SUBJ for w in POS + NEG]
+    out = []
+    for item in range(40):
+        prompt = f"Review {item % 25}: "  # several items share a prompt
+        a, b = rng.sample(texts, 2)
+        if item % 10 == 9:  # a duplicated sample: the same texts as the previous item, another item id
+            a, b = out[-1].chosen, out[-1].rejected
+            prompt = out[-1].prompt
+        for annotator in range(rng.randint(1, 4)):
+            first = rng.random() < 0.7
+            chosen, rejected = (a, b) if first else (b, a)
+            out.append(rm.PreferencePair(prompt, chosen, rejected, {"item": item, "annotator": annotator}))
+    for _ in range(10):
+        a, b = rng.sample(texts, 2)
+        out += [rm.PreferencePair("cli: ", a, b), rm.PreferencePair("cli: ", b, a)]
+    rng.shuffle(out)
+    return out
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.2, 0.5])
+def test_heldout_split_never_shares_an_item_with_training(fraction):
+    """No item id and no comparison (prompt + the two texts, in either order) is on both sides, for
+    several seeds and fractions; the held-out side still gets about the requested share."""
+    for seed in range(5):
+        pairs = campaign_like_pairs(seed)
+        held, train = rm.split_heldout(pairs, fraction, random.Random(seed))
+        assert sorted(map(id, held + train)) == sorted(map(id, pairs))  # a partition: nothing lost
+        held_keys = set().union(*(_item_keys(p) for p in held))
+        train_keys = set().union(*(_item_keys(p) for p in train))
+        assert not held_keys & train_keys, (seed, fraction, sorted(held_keys & train_keys)[:3])
+        assert held and train
+        # groups are at most a few pairs, so the share lands within a few pairs of the target
+        assert abs(len(held) - fraction * len(pairs)) <= 8, (seed, fraction, len(held), len(pairs))
+
+
+def test_heldout_split_keeps_a_group_and_swapped_duplicates_together():
+    p = rm.PreferencePair
+    pairs = [
+        p("q", "good", "bad"),
+        p("q", "bad", "good"),  # the same comparison judged the other way round, no meta
+        p("x", "one", "two", {"group": "g1"}),
+        p("y", "three", "four", {"group": "g1"}),
+        p("z", "five", "six", {"item": 7}),
+        p("w", "seven", "eight", {"item": 7, "group": "g2"}),
+        p("v", "nine", "ten", {"group": "g2"}),  # joined to item 7 through group g2
+    ]
+    for seed in range(20):
+        held, train = rm.split_heldout(pairs, 0.4, random.Random(seed))
+        sides = {(q.prompt, q.chosen): ("held" if any(q is h for h in held) else "train") for q in pairs}
+        assert sides[("q", "good")] == sides[("q", "bad")]
+        assert sides[("x", "one")] == sides[("y", "three")]
+        assert sides[("z", "five")] == sides[("w", "seven")] == sides[("v", "nine")]
+
+
 def test_reward_model_learns_synthetic_preference(tmp_path):
     pairs = rm.parse_pairs([json.dumps(r) for r in synthetic_pairs(120)])
     seen = []
