@@ -1,0 +1,182 @@
+"""The recorder with real parts: its own thread and PostgreSQL connection, the real Redis channel
+layer as the receiver, the real engine for a resume that re-executes steps.
+
+Transactional tests: the recorder's thread only sees committed rows.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from channels.layers import get_channel_layer
+
+import engine
+from webapp.runs import queries, services
+from webapp.runs.models import MetricPoint, MetricRollup, Run, RunLog, Sample, group_name
+from webapp.runs.recorder import Recorder
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HEADLINE = {"train/reward_mean": 0.5, "train/kl": 0.01}  # an iteration's keys: they make a log line
+
+
+def _new_run() -> Run:
+    return Run.objects.create(name="rec", config={}, status="running")
+
+
+def _flat(msg: dict) -> list[dict]:
+    return [x for m in msg["messages"] for x in _flat(m)] if msg["type"] == "batch" else [msg]
+
+
+async def test_one_flush_stores_points_and_log_lines_in_order_and_once():
+    import asyncio
+
+    from channels.db import database_sync_to_async
+
+    run = await database_sync_to_async(_new_run)()
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(group_name(run.pk), channel)
+    sink = Recorder(run.pk, batch_points=10_000, max_delay=3600)
+    for step in range(6):
+        sink.metrics(step, {**HEADLINE, "loss": float(step)})
+        if step == 2:
+            sink.log("a free line between steps 2 and 3")
+    await asyncio.to_thread(sink.flush)
+    await layer.group_send(group_name(run.pk), {"type": "run.message", "message": {"type": "marker"}})
+
+    first = await asyncio.wait_for(layer.receive(channel), 10)
+    after = await asyncio.wait_for(layer.receive(channel), 10)
+    assert after["message"] == {"type": "marker"}  # the flush was ONE group message
+    assert sink.flushes == 1
+    parts = _flat(first["message"])
+    # Event order: each step's points, then its log line; the free line where it was logged.
+    desc = [
+        ("metrics", sorted({p["step"] for p in m["points"]}))
+        if m["type"] == "metrics"
+        else ("log", [x["line"].split(":")[0] for x in m["lines"]])
+        for m in parts
+    ]
+    expected = []
+    for step in range(6):
+        expected += [("metrics", [step]), ("log", [f"step {step}"])]
+    expected[5] = ("log", ["step 2", "a free line between steps 2 and 3"])  # adjacent lines: one message
+    assert desc == expected
+    points = [p for m in parts if m["type"] == "metrics" for p in m["points"]]
+    lines = [x for m in parts if m["type"] == "log" for x in m["lines"]]
+
+    def stored():
+        pts = list(MetricPoint.objects.filter(run_id=run.pk).order_by("id").values_list("id", "key", "step"))
+        logs = list(RunLog.objects.filter(run_id=run.pk).order_by("id").values_list("id", "line"))
+        return pts, logs
+
+    pts, logs = await database_sync_to_async(stored)()
+    # Exactly once, and the broadcast carries the stored ids in the stored order.
+    assert [(p["id"], p["key"], p["step"]) for p in points] == pts and len(pts) == 6 * 3
+    assert [(x["id"], x["line"]) for x in lines] == logs and len(logs) == 7
+    await layer.group_discard(group_name(run.pk), channel)
+    await asyncio.to_thread(sink.close)
+
+
+def test_resume_that_re_executes_steps_stores_samples_and_log_lines_once(tmp_path: Path):
+    """A real engine run crashes after step 3 with its last checkpoint at step 2; resuming re-executes
+    step 3. Points were idempotent before; now the re-executed step's samples and log lines are too."""
+    run = Run.objects.create(name="resume", config={}, status="running")
+    cfg = {
+        "name": "resume",
+        "model": {"name_or_path": "builtin:tiny-gpt2", "device": "cpu"},
+        "task": {"id": "synthetic_increasing_numbers", "max_train_samples": 8, "max_eval_samples": 2},
+        "reward": {"id": "increasing_numbers"},
+        "rollout": {"max_new_tokens": 4, "batch_size": 2},
+        "algorithm": {"id": "ppo", "n_epochs": 1, "minibatch_size": 2},
+        "train": {
+            "n_iters": 4,
+            "prompts_per_iter": 2,
+            "eval_every": 0,
+            "save_every": 2,
+            "log_samples": 2,
+            "save_final_model": False,
+            "output_dir": str(tmp_path / "run"),
+        },
+        "eval": {"generation": {"max_new_tokens": 4, "do_sample": False}},
+    }
+    calls = {"n": 0}
+
+    def crash_after_step_3() -> bool:
+        calls["n"] += 1  # called before each iteration: the 4th call comes after step 3
+        if calls["n"] == 4:
+            raise RuntimeError("worker died")
+        return False
+
+    first = Recorder(run.pk)
+    with pytest.raises(RuntimeError, match="worker died"):
+        engine.train(cfg, sink=first, should_stop=crash_after_step_3)
+    first.close()
+    step3_samples = list(Sample.objects.filter(run=run, step=3).values_list("id", flat=True))
+    assert len(step3_samples) == 2
+    assert RunLog.objects.filter(run=run, line__startswith="step 3:").count() == 1
+
+    second = Recorder(run.pk)
+    engine.train(cfg, sink=second, resume_from=str(tmp_path / "run"))
+    second.close()
+    # Step 3 ran twice; its samples and its log line are stored once (the re-execution's samples
+    # replaced the first ones), and every other step's too.
+    for step in (1, 2, 3, 4):
+        assert Sample.objects.filter(run=run, step=step, split="train").count() == 2, step
+        assert RunLog.objects.filter(run=run, line__startswith=f"step {step}:").count() == 1, step
+    assert not Sample.objects.filter(pk__in=step3_samples).exists()
+    assert RunLog.objects.filter(run=run, line__startswith="checkpoint at step 2:").count() == 1
+    assert RunLog.objects.filter(run=run, line__startswith="resumed from").count() == 1
+    keys = MetricPoint.objects.filter(run=run).values_list("key", "step")
+    assert len(keys) == len(set(keys)) and {s for _k, s in keys} >= {1, 2, 3, 4}
+
+
+def test_rollup_matches_the_points_and_ignores_replays():
+    run = _new_run()
+    n = 50_000
+    vals = [math.sin(s / 300.0) for s in range(n)]
+    vals[12_345] = 9.0
+    vals[40_001] = -9.0
+    vals[777] = float("nan")
+    pts = [("m", s, v) for s, v in enumerate(vals)]
+    for i in range(0, n, 7_000):  # batches that cut through buckets
+        services.ingest_metrics(run.pk, pts[i : i + 7_000], returning=False)
+    services.ingest_metrics(run.pk, pts[:20_000], returning=False)  # a replay adds nothing
+    for level in (0, 3):
+        width = 16 * 4**level
+        expected: dict[int, list] = {}  # bucket -> [count, (min value, step), (max value, step)]
+        for s, v in enumerate(vals):
+            cell = expected.setdefault(s // width, [0, None, None])
+            cell[0] += 1
+            if not math.isnan(v):
+                cell[1] = min(cell[1] or (v, s), (v, s))
+                cell[2] = max(cell[2] or (v, s), (v, s))
+        rows = MetricRollup.objects.filter(run=run, key="m", level=level)
+        got = {r.bucket: [r.n, (r.min_value, r.min_step), (r.max_value, r.max_step)] for r in rows}
+        assert got == expected
+
+
+def test_cold_chart_reads_the_rollup_and_keeps_the_peaks():
+    run = _new_run()
+    n = 100_000
+    pts = [("loss", s, math.sin(s / 1000.0)) for s in range(n)]
+    pts[54_321] = ("loss", 54_321, 50.0)
+    pts[77_777] = ("loss", 77_777, -40.0)
+    services.ingest_metrics(run.pk, pts, returning=False)
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        s = queries.metric_series(run.pk, "loss", max_points=1000)
+    rollup_reads = [q["sql"] for q in ctx.captured_queries if "runs_metricrollup" in q["sql"]]
+    assert len(rollup_reads) == 1
+    # ~1,000 rollup rows at most were read, never the 100k points
+    assert not any("GROUP BY" in q["sql"] for q in ctx.captured_queries)
+    assert s["downsampled"] and s["total"] == n and len(s["x"]) <= 1000
+    assert max(s["y"]) == 50.0 and 54_321 in s["x"] and min(s["y"]) == -40.0 and 77_777 in s["x"]
+    assert s["x"][0] == 0 and s["x"][-1] == n - 1 and s["x"] == sorted(s["x"])
+    # Every returned point is a stored point.
+    stored = dict(MetricPoint.objects.filter(run=run, step__in=s["x"]).values_list("step", "value"))
+    assert [stored[x] for x in s["x"]] == s["y"]
