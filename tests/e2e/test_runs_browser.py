@@ -151,3 +151,156 @@ def test_zoom_fetches_full_resolution(page: Any, asgi_server: Any, researcher: A
     smoothed = page.evaluate("GrueCharts.ema([1, 2, null, 4], 0.5)")
     assert smoothed[2] is None
     assert [round(v, 6) for v in (smoothed[0], smoothed[1], smoothed[3])] == [1.0, round(5 / 3, 6), 3.0]
+
+
+# --------------------------------------------------------------------------- compare and run table
+
+
+def _drawn(page: Any, selector: str) -> None:
+    """Wait until every chart under ``selector`` has been drawn by Plotly (a function, not an
+    expression: the pages' CSP forbids the eval Playwright uses for expressions)."""
+    page.wait_for_function(
+        "(sel) => { const cs = document.querySelectorAll(sel);"
+        " return cs.length > 0 && Array.from(cs).every((c) => c.querySelector('.main-svg')); }",
+        arg=selector,
+    )
+
+
+def _overlaps(boxes: list[dict[str, float]]) -> list[tuple[int, int]]:
+    """Pairs of tick labels whose boxes intersect."""
+    out = []
+    for i, a in enumerate(boxes):
+        for j, b in enumerate(boxes[i + 1 :], i + 1):
+            if (
+                a["x"] < b["x"] + b["w"]
+                and b["x"] < a["x"] + a["w"]
+                and a["y"] < b["y"] + b["h"]
+                and b["y"] < a["y"] + a["h"]
+            ):
+                out.append((i, j))
+    return out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compare_groups_charts_keeps_constant_series_flat_and_ticks_readable(
+    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+) -> None:
+    """The compare page in chromium: charts sit in the run page's groups; the EMA of a constant
+    series is that constant at every point (no start-up dip, no rounding drift); tick labels use SI
+    suffixes and never overlap; the partial plotly bundle holds exactly the app's trace types."""
+    from webapp.runs import services
+
+    a = services.create_run({"name": "flat-a"}, user=researcher)
+    b = services.create_run({"name": "flat-b"}, user=researcher)
+    steps = range(0, 20_000, 50)  # 400 points up to step 19,950: the x axis needs "k" ticks
+    for run, level in ((a, 0.1), (b, 0.3)):
+        services.ingest_metrics(
+            run.pk,
+            [("train/reward_mean", s, level) for s in steps]  # constant
+            + [("train/kl", s, 0.01 + (s % 700) / 1e5) for s in steps]
+            + [("loss/value", s, 3e-6 * (1 + s / 20_000)) for s in steps]  # micro-scale values
+            + [("custom/x", s, s / 1000) for s in steps],
+        )
+    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    page.goto(f"{asgi_server.url}/compare/?ids={a.pk},{b.pk}")
+    _drawn(page, "#charts .chart")
+    groups = page.evaluate(
+        "() => Array.from(document.querySelectorAll('#charts .chart-group')).map((g) =>"
+        " [g.dataset.group, Array.from(g.querySelectorAll('.chart')).map((c) => c.dataset.key)])"
+    )
+    assert groups == [
+        ["reward", ["train/reward_mean"]],
+        ["kl", ["train/kl"]],
+        ["loss", ["loss/value"]],
+        ["other", ["custom/x"]],
+    ]
+    reward = "document.querySelector('.chart[data-key=\"train/reward_mean\"]')"
+    # Every curve of every run is in its chart: a raw trace and its EMA per run.
+    names = page.evaluate(f"() => {reward}.data.map((t) => t.name)")
+    assert names == [f"#{a.pk} flat-a"] * 2 + [f"#{b.pk} flat-b"] * 2
+    ema_of = (
+        f"() => {reward}.data.filter((t) => t.hovertemplate.includes('(EMA)')).map((t) => Array.from(t.y))"
+    )
+    for alpha in ("0.6", "0.99"):
+        page.evaluate(
+            "(v) => { const s = document.getElementById('smoothing'); s.value = v;"
+            " s.dispatchEvent(new Event('input')); }",
+            alpha,
+        )
+        page.wait_for_function(
+            "(v) => document.getElementById('smoothing-value').textContent === Number(v).toFixed(2)",
+            arg=alpha,
+        )
+        ema_a, ema_b = page.evaluate(ema_of)
+        assert len(ema_a) == len(ema_b) == len(steps)
+        assert set(ema_a) == {0.1} and set(ema_b) == {0.3}, alpha  # exactly constant, every point
+    # The shared helper itself, on a long constant series and a heavy smoothing.
+    assert page.evaluate("() => GrueCharts.ema(new Array(5000).fill(0.1), 0.999).every((v) => v === 0.1)")
+    # Readable ticks: SI suffixes (19,950 steps → "k"; 3e-6 → "µ"), no label overlapping another.
+    loss = "document.querySelector('.chart[data-key=\"loss/value\"]')"
+    for chart in (reward, loss):
+        for axis in ("xtick", "ytick"):
+            labels = page.evaluate(
+                f"() => Array.from({chart}.querySelectorAll('.{axis} text')).map((t) => {{"
+                " const r = t.getBoundingClientRect(); return {text: t.textContent, x: r.x, y: r.y, w: r.width, h: r.height}; })"
+            )
+            assert len(labels) >= 3, (chart, axis, labels)
+            assert not _overlaps(labels), (axis, labels)
+            assert not any(
+                "," in lab["text"] or "e-" in lab["text"] or "e−" in lab["text"] for lab in labels
+            ), labels
+    x_ticks = page.evaluate(
+        f"() => Array.from({reward}.querySelectorAll('.xtick text')).map((t) => t.textContent)"
+    )
+    assert any(t.endswith("k") for t in x_ticks), x_ticks
+    y_ticks = page.evaluate(
+        f"() => Array.from({loss}.querySelectorAll('.ytick text')).map((t) => t.textContent)"
+    )
+    assert any(t.endswith(("μ", "µ")) for t in y_ticks), y_ticks  # Greek mu or micro sign
+    # The page loaded the partial bundle: exactly the trace types the app draws.
+    traces = page.evaluate("() => Object.keys(Plotly.PlotSchema.get().traces).sort()")
+    assert traces == ["bar", "heatmap", "parcoords", "scatter", "scattergl"]
+    _shot(page, "compare")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_table_with_30_eval_columns_scrolls_inside_its_box(
+    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+) -> None:
+    """30 chosen eval columns at a 1280 px viewport: the page is never wider than the viewport; the
+    table scrolls sideways inside its own box."""
+    from webapp.runs import services
+    from webapp.runs.models import Run
+
+    keys = [f"eval/lexical/rouge_variant_{i:02d}" for i in range(30)]
+    for i in range(3):
+        run = services.create_run({"name": f"wide-{i}"}, user=researcher)
+        Run.objects.filter(pk=run.pk).update(last_metrics={k: 1000.5 + j for j, k in enumerate(keys)})
+    page.set_viewport_size({"width": 1280, "height": 900})
+    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    page.goto(f"{asgi_server.url}/?metrics={','.join(keys)}")
+    assert page.locator("table.runs-table th.metric").count() == 30
+    widths = page.evaluate(
+        "() => { const box = document.getElementById('runs-table-scroll');"
+        " return {page: document.documentElement.scrollWidth, viewport: window.innerWidth,"
+        " box: box.clientWidth, table: box.scrollWidth}; }"
+    )
+    assert widths["viewport"] == 1280
+    assert widths["page"] <= widths["viewport"], widths
+    assert widths["table"] > widths["box"], widths  # the table scrolls inside its box
+    # The box scrolls to the last column; the page itself does not move sideways.
+    page.evaluate(
+        "() => { const b = document.getElementById('runs-table-scroll'); b.scrollLeft = b.scrollWidth; }"
+    )
+    last = page.locator("table.runs-table th.metric").last
+    expect(last).to_be_in_viewport()
+    assert page.evaluate("() => window.scrollX") == 0
+    # The column chooser narrows the table back: keep two columns and submit.
+    page.click("#column-chooser summary")
+    for key in keys[2:]:
+        page.uncheck(f'#column-chooser input[value="{key}"]')
+    page.click("#column-chooser button[type=submit]")
+    page.wait_for_function("() => document.querySelectorAll('table.runs-table th.metric').length === 2")
+    assert page.evaluate(
+        "() => { const b = document.getElementById('runs-table-scroll'); return b.scrollWidth <= b.clientWidth; }"
+    )

@@ -549,7 +549,7 @@ def test_compare_charts_are_grouped_like_the_run_page(researcher_client: Client,
     )
     html = researcher_client.get("/compare/", {"ids": f"{a.pk},{b.pk}"}).content.decode()
     charts = html[html.index('<div id="charts">') : html.index("<h2>Config differences</h2>")]
-    group = r'<details class="chart-group" data-group="([^"]+)" open>(.*?)</details>'
+    group = r'<details class="chart-group[^"]*" data-group="([^"]+)" open>(.*?)</details>'
     sections = re.findall(group, charts, re.S)
     chart = r'<div class="chart" data-key="([^"]+)" data-group="([^"]+)">'
     assert [(gid, re.findall(chart, body)) for gid, body in sections] == [

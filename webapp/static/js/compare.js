@@ -27,7 +27,7 @@
     if (!group) {
       const meta = cfg.groups.find((g) => g.id === gid) || { title: gid };
       const details = document.createElement("details");
-      details.className = "chart-group";
+      details.className = "chart-group many";
       details.dataset.group = gid;
       details.open = true;
       const summary = document.createElement("summary");
