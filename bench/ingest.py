@@ -4,13 +4,18 @@
     DATABASE_URL=... REDIS_URL=... .venv/bin/python bench/ingest.py [--points 200000] [--json out.json]
 
 Measures
-  1. metric points/s from the worker's DbSink into PostgreSQL (COPY → temp table → INSERT … ON
-     CONFLICT DO NOTHING RETURNING id), with and without the broadcast, and for replays;
+  1. metric points/s through the worker's Recorder into PostgreSQL (a bounded queue and a flush
+     thread; per flush one transaction: COPY → temp table → INSERT … ON CONFLICT DO NOTHING RETURNING
+     id with the min/max rollup, the log lines, the run row), with and without the broadcast (one
+     message per flush to a group with a listening channel), and for replays. Workload: 20 keys ×
+     10,000 steps in 10,000-point flushes; each step's headline keys also make a log line, as the
+     trainer's do;
   2. worker → browser latency over a real websocket on loopback (daphne subprocess, session auth):
      the "worker" stores a point whose value is its send time, the client records arrival time;
   3. for a metric with 100,000 points: the chart-data request (cold and cached) and the run page
      load in Debian chromium through Playwright (navigation until the charts are drawn).
-Targets (issue #3): ≥ 50,000 points/s, p95 < 250 ms, chart data < 50 ms, page < 1 s.
+Targets (issues #3, #15): store + broadcast ≥ 100,000 points/s, p95 < 250 ms, chart data < 50 ms
+cold (rollup) and cached, page < 1 s.
 """
 
 from __future__ import annotations
@@ -46,8 +51,8 @@ from django.core.management import call_command  # noqa: E402
 from django.test import Client  # noqa: E402
 
 from webapp.runs import services  # noqa: E402
-from webapp.runs.models import Run  # noqa: E402
-from webapp.runs.tasks import DbSink  # noqa: E402
+from webapp.runs.models import Run, RunLog, group_name  # noqa: E402
+from webapp.runs.recorder import Recorder  # noqa: E402
 
 KEYS = [
     "train/reward_mean",
@@ -85,13 +90,24 @@ def bench_ingest(n_points: int) -> dict[str, Any]:
     out: dict[str, Any] = {"points": steps * len(KEYS)}
     for label, broadcast in (("sink_store_only", False), ("sink_store_and_broadcast", True)):
         run = services.create_run({}, name=f"bench-ingest-{label}", tags=["bench"])
-        sink = DbSink(run.pk, batch_points=10_000, max_delay=3600, broadcast_enabled=broadcast)
+        listener = _listen(run.pk) if broadcast else None
+        sink = Recorder(run.pk, batch_points=10_000, max_delay=3600, broadcast_enabled=broadcast)
         t = time.perf_counter()
         for step in range(steps):
             sink.metrics(step, {k: math.sin(step / 50 + i) for i, k in enumerate(KEYS)})
         sink.flush()
         dt = time.perf_counter() - t
-        out[label] = {"seconds": dt, "points_per_s": steps * len(KEYS) / dt, "stored": sink.points_stored}
+        sink.close()
+        out[label] = {
+            "seconds": dt,
+            "points_per_s": steps * len(KEYS) / dt,
+            "stored": sink.points_stored,
+            "log_lines": RunLog.objects.filter(run=run).count(),
+            "flushes": sink.flushes,
+            "broadcasts": sink._broadcaster.sent,
+        }
+        if listener is not None:
+            out[label]["messages_received"] = _drain(*listener)
         if label == "sink_store_only":
             rows = [(k, s, 1.0) for s in range(steps) for k in KEYS]
             t = time.perf_counter()
@@ -109,6 +125,37 @@ def bench_ingest(n_points: int) -> dict[str, Any]:
     out["ingest_metrics_50k_batches_no_returning"] = {"seconds": dt, "points_per_s": len(rows) / dt}
     run.delete()
     return out
+
+
+def _listen(run_id: int) -> tuple[Any, str]:
+    """A channel in the run's group, so each broadcast is really serialised and delivered."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+
+    async def join() -> str:
+        ch = await layer.new_channel()
+        await layer.group_add(group_name(run_id), ch)
+        return ch
+
+    return layer, async_to_sync(join)()
+
+
+def _drain(layer: Any, channel: str) -> int:
+    """Messages that reached the listening channel (each a whole flush)."""
+    from asgiref.sync import async_to_sync
+
+    async def drain() -> int:
+        n = 0
+        while True:
+            try:
+                await asyncio.wait_for(layer.receive(channel), 2)
+            except TimeoutError:
+                return n
+            n += 1
+
+    return async_to_sync(drain)()
 
 
 # --------------------------------------------------------------------------- a minimal websocket client
@@ -201,7 +248,7 @@ async def _latency(port: int, cookie: str, run_id: int, n: int, rate: float) -> 
     while (await ws.recv_json())["type"] != "caught_up":
         pass
     loop = asyncio.get_running_loop()
-    sink = DbSink(run_id)
+    sink = Recorder(run_id)
     lat: list[float] = []
 
     def produce() -> None:
@@ -216,6 +263,7 @@ async def _latency(port: int, cookie: str, run_id: int, n: int, rate: float) -> 
         if msg["type"] == "metrics":
             lat.extend((now - p["value"]) * 1000 for p in msg["points"] if p["key"] == "bench/sent_at")
     await producer
+    await asyncio.to_thread(sink.close)
     ws.close()
     return lat
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+import psycopg
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from webapp.runs.models import Checkpoint, MetricPoint, MetricRollup, Run, RunLog, Sample
@@ -109,21 +110,57 @@ def _copy_points(cur: Any, rows: Sequence[tuple[str, int, float | None, datetime
             copy.write_row((i, *row))
 
 
+_ROLLUP_FROM_IDS_SQL = (
+    "WITH src AS (SELECT key, step, value FROM "
+    + MetricPoint._meta.db_table
+    + " WHERE run_id = %s AND id BETWEEN %s AND %s),\n"
+    + _rollup_sql("src")
+    + "\nSELECT 1"
+)
+
+
 def _insert_points(
     run_id: int, rows: Sequence[tuple[str, int, float | None, datetime]], returning: bool
-) -> list:
-    """Inside the caller's transaction: store points and their rollup; the new rows in id order."""
+) -> list[tuple[int, str, int, float | None]]:
+    """Inside the caller's transaction: store points and their rollup; the new rows in id order.
+
+    Fast path (every point new, the common case): reserve ids from the sequence in one statement, COPY
+    the rows straight into the table, and roll up that id range. A point the run already has (a
+    replay, a resumed step, a duplicate inside the batch) makes the COPY fail on the unique index; the
+    savepoint is rolled back and the batch goes through the temp table with ``ON CONFLICT DO NOTHING``.
+    The fast path avoids the speculative insertion of ON CONFLICT, the costliest part of an ingest.
+    """
     if not rows:
         return []
+    table = MetricPoint._meta.db_table
     with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, %s)",
+            [len(rows)],
+        )
+        ids = [r[0] for r in cur.fetchall()]
+        try:
+            with transaction.atomic():  # a savepoint
+                raw = cur.cursor  # the psycopg 3 cursor (Django's wrapper has no COPY API)
+                with raw.copy(
+                    f"COPY {table} (id, run_id, key, step, value, time) FROM STDIN (FORMAT BINARY)"
+                ) as copy:
+                    copy.set_types(["int8", "int8", "text", "int8", "float8", "timestamptz"])
+                    for i, row in zip(ids, rows, strict=True):
+                        copy.write_row((i, run_id, *row))
+        except (IntegrityError, psycopg.errors.IntegrityError):  # the raw COPY raises psycopg's
+            pass  # some points exist already: take the idempotent path below
+        else:
+            # The ids of one nextval() statement are consecutive unless another session draws from the
+            # sequence at the same moment; the run filter keeps other runs' rows out of the range.
+            cur.execute(_ROLLUP_FROM_IDS_SQL, [run_id, min(ids), max(ids), run_id])
+            return [(i, k, s, v) for i, (k, s, v, _t) in zip(ids, rows, strict=True)] if returning else []
         _copy_points(cur, rows)
-        if returning:
-            cur.execute(
-                _INSERT_POINTS_SQL + "\nSELECT id, key, step, value FROM ins ORDER BY id", [run_id, run_id]
-            )
-            return [tuple(r) for r in cur.fetchall()]
-        cur.execute(_INSERT_POINTS_SQL + "\nSELECT count(*) FROM ins", [run_id, run_id])
-        return []
+        cur.execute(
+            _INSERT_POINTS_SQL + "\nSELECT id, key, step, value FROM ins ORDER BY id", [run_id, run_id]
+        )
+        inserted = [tuple(r) for r in cur.fetchall()]
+        return inserted if returning else []
 
 
 def ingest_metrics(

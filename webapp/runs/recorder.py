@@ -7,8 +7,10 @@ ONE transaction with a fixed number of statements (COPY of the points, one INSER
 one for the log lines, one UPDATE of the run; samples and checkpoints only when present), then sends
 ONE broadcast message (``protocol.batch_message``) holding the flush's messages in event order.
 
-Flushes happen when ``batch_points`` metric points are buffered or ``max_delay`` seconds after the
-first buffered event, and on ``flush()`` / ``finished`` / ``failed``, which wait until the data is stored.
+Flushes happen when ``batch_points`` metric points are buffered or ``max_delay`` seconds (default
+50 ms: the live latency it adds) after the first buffered event, and on ``flush()`` / ``finished`` /
+``failed``, which wait until the data is stored. While a flush runs, new events queue up, so the batch
+size follows the event rate: one event per flush when training is slow, 10,000 points when it is not.
 
 Backpressure: the queue holds ``queue_events`` sink calls. When it is full (the database is slower
 than the trainer, or unreachable), the trainer's next sink call blocks until the flush thread has made
@@ -200,7 +202,7 @@ class Recorder:
         run_id: int,
         *,
         batch_points: int = 10_000,
-        max_delay: float = 0.25,
+        max_delay: float = 0.05,
         broadcast_enabled: bool = True,
         queue_events: int = DEFAULT_QUEUE_EVENTS,
         give_up_after: float | None = None,
