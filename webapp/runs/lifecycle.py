@@ -273,13 +273,12 @@ def cancel_requested(run_id: int) -> bool:
 
 
 def finish(run_id: int, summary: Mapping[str, Any] | None) -> Run:
-    """running → succeeded, or cancelled when the engine stopped on request."""
+    """running → succeeded, or cancelled when the engine stopped on request. (The summary itself is
+    stored by the recorder with the engine's ``finished`` event.)"""
     stopped = bool((summary or {}).get("stopped"))
     fields: dict[str, Any] = {"status": RunStatus.CANCELLED if stopped else RunStatus.SUCCEEDED}
     if not stopped:
         fields.update(progress=1.0, eta_seconds=0.0)
-    if summary is not None:
-        fields["summary"] = services.jsonable(dict(summary))
     run = _end(run_id, fields)
     model_dir = (summary or {}).get("model_dir")
     if model_dir and not Artifact.objects.filter(run_id=run_id, kind="model", path=str(model_dir)).exists():

@@ -45,12 +45,12 @@ def execute_run(self: Any, run_id: int) -> str:
         summary = engine.train(
             config, sink=recorder, should_stop=StopCheck(run_id), resume_from=run.resume_from or None
         )
-        recorder.flush()
+        recorder.close()  # everything stored before the status says so
         return lifecycle.finish(run_id, summary).status
     except BaseException as exc:  # noqa: BLE001 - record every failure, then re-raise the fatal ones
         trace = tb.format_exc()
         try:
-            recorder.flush()
+            recorder.close()
         except Exception:  # noqa: BLE001 - the failure below is what the user must see
             log.warning("final flush of run %s failed", run_id, exc_info=True)
         lifecycle.fail(run_id, f"{type(exc).__name__}: {exc}", trace)
