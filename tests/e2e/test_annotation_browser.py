@@ -1,7 +1,8 @@
 """Annotators and researchers in a real browser (Debian chromium via Playwright, daphne, PostgreSQL).
 
 1. An annotator judges a whole pairwise campaign with the keyboard only: 1/2/3/4 and a/b/t/x choose,
-   Enter submits, u undoes; sides are shuffled and the stored choice follows what was on screen.
+   Enter submits, u undoes, s skips (the skipped item comes back at the end); sides are shuffled and
+   the stored choice follows what was on screen.
 2. A researcher creates a blind comparison of two runs, starts it once three annotators have
    joined, and reads the results page (Bradley–Terry table, Plotly charts, agreement).
 """
@@ -13,6 +14,7 @@ import re
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
 from annotation import assignment, campaigns, invites, uploads
@@ -67,9 +69,19 @@ def test_annotator_judges_with_the_keyboard(page: Any, asgi_server: Any) -> None
     expect(page.locator("#hint")).to_contain_text("Choose A, B, tie or both bad")
     assert Judgment.objects.count() == 0
 
+    # Skip the first item with "s": the campaign does not shrink, and the item comes back at the end.
+    skipped = {page.locator("#text-left").inner_text(), page.locator("#text-right").inner_text()}
+    page.keyboard.press("s")
+    expect(page.locator("#skipped-note")).to_contain_text("1 skipped")
+    expect(progress).to_have_text("0 of 4")
+    ready(page)
+    assert {page.locator("#text-left").inner_text(), page.locator("#text-right").inner_text()} != skipped
+
     shown = []  # (screen text on the left, key pressed)
     for i, key in enumerate(["1", "b", "t", "x"]):
         left_text = page.locator("#text-left").inner_text()
+        if i == 3:  # the last item served is the one skipped at the start
+            assert {left_text, page.locator("#text-right").inner_text()} == skipped
         shown.append((left_text, key))
         page.keyboard.press(key)
         expected = {"1": "#btn-left", "b": "#btn-right", "t": "#btn-tie", "x": "#btn-both_bad"}[key]
@@ -171,12 +183,22 @@ def test_researcher_runs_a_blind_comparison_in_the_browser(
     expect(page.locator(".messages")).to_contain_text("not enough annotators: 0 joined")
     page.click("#invite-btn")
     invite_url = page.locator(".invite-url").first.inner_text()
-    assert "/annotate/join/" in invite_url
+    assert "/annotate/join/#" in invite_url  # the token is in the fragment: never sent, never logged
 
-    # Three annotators join through the link (service calls stand in for their own browsers) and judge.
-    token = invite_url.rstrip("/").rsplit("/", 1)[-1]
-    raters = [make_user(f"r{i}", group=None) for i in range(3)]
-    for u in raters:
+    # The first annotator opens the single-use link in a fresh browser context and signs up.
+    visitor = page.context.browser.new_context()
+    vpage = visitor.new_page()
+    vpage.goto(invite_url)
+    vpage.fill("input[name=username]", "r0")
+    vpage.fill("input[name=password]", "a-long-password")
+    vpage.click("#signup-btn")
+    vpage.wait_for_url(re.compile(rf".*/annotate/c/{camp.pk}/$"))
+    assert "#" not in vpage.url and invite_url.split("#")[1] not in vpage.url
+    visitor.close()
+    # Two more join through a link with two uses (service calls stand in for their browsers).
+    token = invites.create_invite(camp, researcher, max_uses=2).token
+    raters = [User.objects.get(username="r0")] + [make_user(f"r{i}", group=None) for i in (1, 2)]
+    for u in raters[1:]:
         invites.accept_invite(token, u)
     page.click("#start-btn")
     expect(page.locator("#status")).to_have_text("active")
@@ -208,17 +230,17 @@ def test_researcher_runs_a_blind_comparison_in_the_browser(
     row = page.locator("tr[data-rm]").first
     expect(row).to_have_attribute("data-status", "succeeded", timeout=300_000)  # the page polls, then reloads
     expect(row.locator(".rm-acc")).not_to_be_empty()
+    expect(row.locator(".rm-acc")).to_contain_text("n=")  # held-out accuracy comes with its count
+    rm = camp.reward_models.get()
     row.get_by_text("Launch a run on it").click()
-    page.wait_for_url(f"{base}/launch/")
-    page.click("#section-tabs a[data-section=reward]")
-    option = page.locator("select[name=reward_preset] option", has_text="kind vs grumpy")
-    page.select_option("select[name=reward_preset]", value=option.first.get_attribute("value"))
-    page.click("#section-tabs a[data-section=general]")
+    page.wait_for_url(f"{base}/launch/?reward=learned-rm-{rm.pk}")
+    # The form opens with that reward model selected (the choice replaces the reward fields).
+    expect(page.locator("select[name=reward_preset]")).to_have_value(f"learned-rm-{rm.pk}")
     page.fill("input[name=name]", "rlhf-run")
     page.click("#launch-btn")
     page.wait_for_url(re.compile(r".*/runs/\d+/$"))
     run = Run.objects.get(name="rlhf-run")
-    rm_path = camp.reward_models.get().path
+    rm_path = rm.path
     assert run.config["reward"]["id"] == "learned"
     assert run.config["reward"]["args"] == {"model_path": rm_path, "label_index": 0}
     cancel_run(run)  # the launch is what this test checks; free the shared worker

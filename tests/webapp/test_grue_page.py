@@ -158,6 +158,8 @@ def test_page_shows_best_runs_with_links_and_escapes_names(researcher_client, gr
     assert data["paper"][0]["y"] == [0.489, 0.539, 0.602, 0.611, 0.626, 0.620]
     # Empty cells tell which preset fills them.
     assert "imdb_supervised_nlpo" in html
+    # Human rankings live on the annotation app's leaderboard, linked from here.
+    assert 'id="human-leaderboard-link"' in html and 'href="/annotate/leaderboard/"' in html
 
 
 def test_json_and_model_filter(researcher_client, grue_runs):
