@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 from django import forms
 
-from engine import yamlio
+from engine import presets, yamlio
+from engine import registry as engine_registry
 from engine.config import ConfigError, RunConfig, json_schema, parse_config
 from webapp.runs import extensions, paths, queries
 from webapp.runs.errors import PathNotAllowed
@@ -187,59 +188,26 @@ def load_yaml_text(text: str, what: str = "YAML") -> Any:
 
 
 def registry_ids(name: str) -> list[str]:
-    """Ids of one engine registry; an engine part that fails to import must not take the form down."""
-    from engine import registry
-
-    try:
-        return list(getattr(registry, name).ids())
-    except Exception:  # noqa: BLE001 - a broken plugin module; the field falls back to free text
-        return []
+    """Ids of one engine registry (``tasks``, ``rewards``, ``metrics``, ``algorithms``)."""
+    return list(getattr(engine_registry, name).ids())
 
 
 def list_presets() -> list[dict[str, str]]:
-    """Presets from ``engine.presets`` as ``[{"name", "description"}]``; [] until that module exists."""
-    try:
-        from engine import presets
-    except ImportError:
-        return []
-    try:
-        raw = presets.list_presets()
-    except Exception:  # noqa: BLE001
-        return []
-    out = []
-    for item in raw or []:
-        if isinstance(item, str):
-            out.append({"name": item, "description": ""})
-        elif isinstance(item, dict) and "name" in item:
-            out.append(
-                {
-                    "name": str(item["name"]),
-                    "description": str(item.get("description", "")),
-                    "task": str(item.get("task", "")),
-                    "variant": str(item.get("variant", "")),
-                }
-            )
-        elif hasattr(item, "name"):
-            out.append({"name": str(item.name), "description": str(getattr(item, "description", ""))})
-    return out
+    """The engine's presets as ``[{"name", "description", "task", "variant"}]`` for the preset menu."""
+    return [
+        {
+            "name": str(item["name"]),
+            "description": str(item.get("description", "")),
+            "task": str(item.get("task", "")),
+            "variant": str(item.get("variant", "")),
+        }
+        for item in presets.list_presets()
+    ]
 
 
 def load_preset(name: str) -> dict[str, Any]:
-    """A preset's config dict; ConfigError with a clear message when it does not exist."""
-    try:
-        from engine import presets
-    except ImportError:
-        raise ConfigError("presets are not available in this installation") from None
-    known = {p["name"] for p in list_presets()}
-    if known and name not in known:
-        raise ConfigError(f"unknown preset {name!r}")
-    try:
-        cfg = presets.load_preset(name)
-    except (KeyError, FileNotFoundError) as exc:
-        raise ConfigError(f"unknown preset {name!r}: {exc}") from None
-    if isinstance(cfg, RunConfig):
-        return cfg.to_dict()
-    return parse_config(dict(cfg), source=f"preset {name}").to_dict()
+    """A preset's config dict, normalised by the schema; ConfigError (naming the presets) when unknown."""
+    return parse_config(dict(presets.load_preset(name)), source=f"preset {name}").to_dict()
 
 
 # ---------------------------------------------------------------- the generated form

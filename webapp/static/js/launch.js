@@ -54,3 +54,25 @@
     area.insertAdjacentElement("afterend", select);
   });
 })();
+
+// A reward choice offered by another app (e.g. a reward model trained from human judgments) replaces
+// the whole reward section: while one is selected, the fields it replaces are hidden (they are still
+// submitted, and the server ignores them when a choice is set).
+(function () {
+  "use strict";
+  const select = document.querySelector("select[data-replaces-section]");
+  if (!select) return;
+  const section = document.querySelector(
+    'fieldset.section[data-section="' + select.dataset.replacesSection + '"]'
+  );
+  if (!section) return;
+  const own = select.closest(".field");
+  function sync() {
+    const replaced = Boolean(select.value);
+    section.querySelectorAll(".field").forEach((f) => { if (f !== own) f.hidden = replaced; });
+    section.querySelectorAll("fieldset.subsection").forEach((fs) => { fs.hidden = replaced; });
+    section.classList.toggle("reward-replaced", replaced);
+  }
+  select.addEventListener("change", sync);
+  sync();
+})();
