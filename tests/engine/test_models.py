@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -110,13 +112,45 @@ def _smollm2_gguf() -> Path:
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def test_gguf_import_of_smollm2_loads_and_generates(tmp_path):
-    """The one test that touches the real 135M model (about 20-40 s)."""
+def test_gguf_cache_dir_is_keyed_by_the_files_identity_under_the_cache_root(tmp_path, monkeypatch):
+    """One directory per GGUF file version: same file → same directory; a moved or modified file → a
+    new one (so a stale import is never reused); always under $GRUE_CACHE/gguf, never the repo."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GRUE_CACHE", str(cache))
+    a = tmp_path / "a" / "model.Q4.gguf"
+    a.parent.mkdir()
+    a.write_bytes(b"GGUF" + bytes(60))
+    first = gguf_cache_dir(a)
+    assert first.parent == cache / "gguf"
+    assert re.fullmatch(r"model\.Q4-[0-9a-f]{12}", first.name), first.name
+    assert gguf_cache_dir(Path(str(a.parent) + "/../a/model.Q4.gguf")) == first  # same file, other spelling
+    b = tmp_path / "b" / "model.Q4.gguf"
+    b.parent.mkdir()
+    b.write_bytes(a.read_bytes())
+    assert gguf_cache_dir(b) != first and gguf_cache_dir(b).parent == cache / "gguf"
+    os.utime(a, (a.stat().st_atime, a.stat().st_mtime + 10))
+    assert gguf_cache_dir(a) != first
+    a.write_bytes(b"GGUF" + bytes(61))  # another size
+    assert gguf_cache_dir(a) != first
+    monkeypatch.delenv("GRUE_CACHE")
+    repo = Path(__file__).resolve().parents[2]
+    assert not gguf_cache_dir(a).resolve().is_relative_to(repo)
+
+
+def test_gguf_import_of_smollm2_loads_and_generates(tmp_path, monkeypatch):
+    """The one test that touches the real 135M model (about 20-40 s).
+
+    A .gguf model reference is imported once into its cache directory, then reused."""
+    monkeypatch.setenv("GRUE_CACHE", str(tmp_path))
     gguf = _smollm2_gguf()
-    assert gguf_cache_dir(gguf) == gguf_cache_dir(gguf)  # stable cache location outside the repo
-    out = import_gguf(gguf, tmp_path / "smol")
+    expected = tmp_path / "gguf" / gguf_cache_dir(gguf).name
+    assert expected.name.startswith("SmolLM2-135M-Instruct.Q4_1-")
+    out = Path(resolve_model_path(str(gguf)))
+    assert out == expected
     assert (out / "config.json").exists() and list(out.glob("*.safetensors"))
-    assert import_gguf(gguf, out) == out  # idempotent: the second call reuses the directory
+    stamp = (out / "config.json").stat().st_mtime_ns
+    assert import_gguf(gguf) == out  # idempotent: the second call reuses the directory
+    assert (out / "config.json").stat().st_mtime_ns == stamp
     tok = load_tokenizer(str(out))
     assert tok.eos_token == "<|im_end|>" and tok.pad_token is not None
     lm = load_lm(str(out), detect_kind(str(out)))
