@@ -17,7 +17,7 @@ from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 
-from webapp.runs import services
+from webapp.runs import lifecycle, services
 from webapp.runs.forms import default_config, form_data_from_config, schema_fields
 from webapp.runs.models import MetricPoint, Run, RunLog, RunStatus, Sample
 
@@ -259,7 +259,7 @@ def test_presets_are_offered_and_load(researcher_client: Client) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_cancel_retry_delete_flow(researcher_client: Client, researcher: Any, scratch_queue: str) -> None:
-    run = services.launch_run(TINY, user=researcher)
+    run = lifecycle.launch_run(TINY, user=researcher)
     assert queued(scratch_queue) == 1
     r = researcher_client.post(f"/runs/{run.pk}/cancel/")
     assert r.status_code == 302

@@ -72,13 +72,6 @@ def sort_mark(context: dict[str, Any], column: str) -> str:
     return "▼" if current.startswith("-") else "▲"
 
 
-@register.filter
-def get_item(mapping: Any, key: Any) -> Any:
-    try:
-        return mapping.get(key)
-    except AttributeError:
-        return None
-
 
 @register.filter
 def dotted(name: str) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from webapp.runs.services import mark_lost_runs
+from webapp.runs.lifecycle import mark_lost_runs
 
 
 class Command(BaseCommand):
