@@ -171,7 +171,10 @@ def publish(run_id: int, task_id: str) -> None:
     try:
         # A fresh connection per launch: a broker outage shows up here, fast, instead of in a
         # pooled connection's retry loop.
-        with celery_app.connection_for_write() as conn:
+        # Socket timeouts: a broker that accepts but never answers (hung Redis) fails the launch in
+        # about a second instead of holding the request.
+        timeouts = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+        with celery_app.connection_for_write(transport_options=timeouts) as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, interval_max=0.5)
             celery_app.send_task(
                 EXECUTE_TASK,

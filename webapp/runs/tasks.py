@@ -23,7 +23,7 @@ from django.utils import timezone
 import engine
 from webapp.runs import lifecycle
 from webapp.runs.models import Run, RunStatus
-from webapp.runs.recorder import Recorder
+from webapp.runs.recorder import Recorder, with_db_retry
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,18 @@ def execute_run(self: Any, run_id: int) -> str:
             config, sink=recorder, should_stop=StopCheck(run_id), resume_from=run.resume_from or None
         )
         recorder.close()  # everything stored before the status says so
-        return lifecycle.finish(run_id, summary).status
+        # The final status rides out a database outage as the recorder does (webapp/runs/recorder.py).
+        return with_db_retry(
+            lambda: lifecycle.finish(run_id, summary), what=f"the end of run {run_id}"
+        ).status
     except BaseException as exc:  # noqa: BLE001 - record every failure, then re-raise the fatal ones
         trace = tb.format_exc()
         try:
             recorder.close()
         except Exception:  # noqa: BLE001 - the failure below is what the user must see
             log.warning("final flush of run %s failed", run_id, exc_info=True)
-        lifecycle.fail(run_id, f"{type(exc).__name__}: {exc}", trace)
+        error = f"{type(exc).__name__}: {exc}"
+        with_db_retry(lambda: lifecycle.fail(run_id, error, trace), what=f"the end of run {run_id}")
         if not isinstance(exc, Exception):
             raise
         return RunStatus.FAILED
