@@ -55,13 +55,61 @@ def test_bertscore_identity_and_ordering(bertscore):
     assert multi["semantic/bert_score"][0][0] == pytest.approx(1.0, abs=1e-5)
 
 
-def test_bertscore_idf_layer_and_errors():
-    m = metrics.build("bert_score", idf=True, layer=3)
-    # idf = log((M + 1) / (df + 1)) over the M = 2 references; a token in both would weigh 0.
-    refs = [["the cat sat"], ["a dog barked loudly"]]
-    res = m.compute(["", ""], ["the cat sat", "stocks fell"], refs, [{}, {}])
-    assert res["semantic/bert_score"][0][0] == pytest.approx(1.0, abs=1e-5)
-    assert res["semantic/bert_score"][0][1] < 0.9
+IDF_REFS = [["the cat sat on the mat"], ["the dog ran in the park"], ["the bird sang in the tree"]]
+
+
+def test_bertscore_idf_weights_rare_tokens_and_follows_the_formula(bertscore):
+    """idf = log((M + 1) / (df + 1)) over the M = 3 references: "the" (in all three) weighs 0, "in" (two)
+    log(4/3), the rest log 2. So with idf a candidate that matches only "the" loses precision, and one
+    that matches the rare words but skips "the"/"in" gains recall."""
+    idf = metrics.build("bertscore", idf=True)
+    gens = ["the the fish swam", "dog park", "a bird sang in a tree"]
+    plain = bertscore.compute([""] * 3, gens, IDF_REFS, [{}] * 3)
+    weighted = idf.compute([""] * 3, gens, IDF_REFS, [{}] * 3)
+    p_plain, p_idf = plain["semantic/bert_score_precision"][0], weighted["semantic/bert_score_precision"][0]
+    r_plain, r_idf = plain["semantic/bert_score_recall"][0], weighted["semantic/bert_score_recall"][0]
+    assert p_idf[0] < p_plain[0] - 0.02, (p_plain[0], p_idf[0])  # its exact matches were the weightless "the"
+    assert r_idf[1] > r_plain[1] + 0.02, (r_plain[1], r_idf[1])  # the unmatched "the", "in" weigh little
+
+    # the idf score of a pair is greedy matching with exactly those weights
+    tok = idf.tokenizer
+    df = {}
+    for (ref,) in IDF_REFS:
+        for t in set(tok(ref, add_special_tokens=False)["input_ids"]):
+            df[t] = df.get(t, 0) + 1
+    special = set(tok.all_special_ids)
+
+    def w(ids: list[int]) -> list[float]:
+        return [0.0 if t in special else math.log(4 / (df.get(t, 0) + 1)) for t in ids]
+
+    the = tok("the", add_special_tokens=False)["input_ids"][0]
+    assert w([the]) == [0.0]
+    (g_vec, g_ids), (r_vec, r_ids) = idf.embed([gens[2], IDF_REFS[2][0]])
+    p, r, f = greedy_match(g_vec, r_vec, w(g_ids), w(r_ids))
+    assert (p_idf[2], r_idf[2], weighted["semantic/bert_score"][0][2]) == pytest.approx((p, r, f), abs=1e-5)
+    # an exact copy still scores 1 with idf weights
+    same = idf.compute(
+        ["", ""], ["the cat sat on the mat", "stocks fell"], [["the cat sat on the mat"], ["a"]], [{}, {}]
+    )
+    assert same["semantic/bert_score"][0][0] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_bertscore_layer_selects_the_hidden_state(bertscore):
+    """Different layers give different scores on a paraphrase; the offline default is layer 4."""
+    gen, ref = ["A person plays the guitar at a concert."], [["A man is playing a guitar on stage."]]
+    scores = {
+        layer: metrics.build("bertscore", layer=layer).compute([""], gen, ref, [{}])["semantic/bert_score"][
+            0
+        ][0]
+        for layer in (1, 4, 6)
+    }
+    default = bertscore.compute([""], gen, ref, [{}])["semantic/bert_score"][0][0]
+    assert default == scores[4]
+    assert abs(scores[1] - scores[4]) > 1e-3 and abs(scores[6] - scores[4]) > 1e-3, scores
+    assert all(0 < v < 1 for v in scores.values()), scores
+
+
+def test_bertscore_errors():
     with pytest.raises(MetricError, match="layer 99 out of range"):
         metrics.build("bertscore", layer=99)
     with pytest.raises(MetricError, match="cannot load encoder"):
@@ -76,10 +124,10 @@ def test_perplexity_of_generations_equals_exp_mean_nll():
 
     from engine.models.builtin import builtin_model_dir
 
-    m = metrics.build("perplexity")  # default: builtin:tiny-gpt2
+    m = metrics.build("generation_perplexity")  # default: builtin:tiny-gpt2
     gens = ["Hello world, this is a test.", "The movie was great"]
     res = m.compute(["ignored prompt", "x"], gens, [["a reference that must not be scored"], []], [{}, {}])
-    per, corpus = res["fluency_metrics/perplexity"]
+    per, corpus = res["fluency_metrics/generation_perplexity"]
 
     path = builtin_model_dir("builtin:tiny-gpt2")
     tok, lm = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval()
@@ -100,12 +148,12 @@ def test_perplexity_conditioning_and_empty_generation():
 
     from engine.models.builtin import builtin_model_dir
 
-    plain = metrics.build("perplexity")
-    cond = metrics.build("perplexity", condition_on_prompt=True)
+    plain = metrics.build("generation_perplexity")
+    cond = metrics.build("generation_perplexity", condition_on_prompt=True)
     args = (["Once upon a time", "p"], ["there was a king", ""], [[], []], [{}, {}])
     a, b = (
-        plain.compute(*args)["fluency_metrics/perplexity"],
-        cond.compute(*args)["fluency_metrics/perplexity"],
+        plain.compute(*args)["fluency_metrics/generation_perplexity"],
+        cond.compute(*args)["fluency_metrics/generation_perplexity"],
     )
     assert a[0][0] != pytest.approx(b[0][0])
     # an empty generation is the model ending at once: 1 / P(EOS | BOS)
@@ -128,7 +176,10 @@ def test_every_metric_gives_finite_per_sample_and_corpus_values_and_serves_as_re
     refs = [["It is there .<EOU>"], ["It is on the table ."]]
     meta = [{"intent": [1], "raw_table": table}] * 2
     ids = [
-        i for i in metrics.ids() if i not in ("bert_score", "sacre_bleu", "causal_perplexity", "parent_totto")
+        i
+        for i in metrics.ids()
+        # perplexity (RL4LMs's) scores the evaluated policy, corpus only: tests/engine/test_policy_perplexity.py
+        if i not in ("bert_score", "sacre_bleu", "causal_perplexity", "perplexity", "parent_totto")
     ]
     corpus, per = compute_all(build_metrics([{"id": i} for i in ids]), prompts, gens, refs, meta)
     assert {k.split("/")[0] for k in corpus} >= {
