@@ -1,0 +1,140 @@
+"""The run watchdog (``manage.py watch_runs``) with real workers: a run whose worker was SIGKILLed is
+marked lost while the only other worker is busy training (detection needs no free training slot),
+then resumed automatically from its checkpoint once a worker is back, with the attempt counted;
+the retry limit and the off switch hold."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, _subprocess_env
+from webapp import watchdog
+from webapp.runs import lifecycle
+from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus
+from webapp.runs.services import add_checkpoint
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LOST_AFTER = 3.0
+INTERVAL = 0.5
+
+
+def tiny(n_iters: int) -> dict:
+    return {
+        "name": "watchdog",
+        "model": {"name_or_path": "builtin:tiny-gpt2", "device": "cpu"},
+        "task": {"id": "synthetic_increasing_numbers", "max_train_samples": 8, "max_eval_samples": 2},
+        "reward": {"id": "increasing_numbers"},
+        "rollout": {"max_new_tokens": 4, "batch_size": 2},
+        "algorithm": {"id": "ppo", "n_epochs": 1, "minibatch_size": 2},
+        "train": {
+            "n_iters": n_iters,
+            "prompts_per_iter": 2,
+            "eval_every": 0,
+            "save_every": 1,
+            "log_samples": 2,
+            "save_final_model": False,
+        },
+        "eval": {"generation": {"max_new_tokens": 4, "do_sample": False}},
+    }
+
+
+def status_of(run_id: int) -> str:
+    return Run.objects.values_list("status", flat=True).get(pk=run_id)
+
+
+def test_lost_run_is_detected_behind_a_busy_worker_and_resumed_automatically(
+    worker_factory, researcher, settings, test_db_name, runs_dir, wait_for
+):
+    busy = worker_factory()
+    victim = worker_factory()
+    settings.CELERY_TASK_DEFAULT_QUEUE = busy.queue
+    long_run = lifecycle.launch_run(tiny(100000), user=researcher)
+    wait_for(lambda: status_of(long_run.pk) == RunStatus.RUNNING, timeout=120, what="busy worker training")
+    settings.CELERY_TASK_DEFAULT_QUEUE = victim.queue
+    run = lifecycle.launch_run(tiny(8), user=researcher)
+    wait_for(lambda: Checkpoint.objects.filter(run_id=run.pk).exists(), timeout=180, what="a checkpoint")
+    victim.kill()
+    killed_at = time.monotonic()
+
+    env = _subprocess_env(
+        test_db_name,
+        GRUE_RUNS_DIR=str(runs_dir),
+        GRUE_LOST_AFTER=str(LOST_AFTER),
+        GRUE_WATCH_INTERVAL=str(INTERVAL),
+        CELERY_QUEUE=victim.queue,  # the resumed run goes back to the queue it came from
+    )
+    log_path = runs_dir / f"watchdog-{run.pk}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "watch_runs"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        # Lost within GRUE_LOST_AFTER + interval (+ scheduling slack on a loaded machine), not minutes.
+        wait_for(
+            lambda: Run.objects.get(pk=run.pk).auto_resumes == 1,
+            timeout=LOST_AFTER + INTERVAL + 30,
+            interval=0.1,
+            what="lost and resumed by the watchdog",
+        )
+        detected_after = time.monotonic() - killed_at
+        assert status_of(long_run.pk) == RunStatus.RUNNING  # the only live worker was busy all along
+        assert status_of(run.pk) == RunStatus.QUEUED  # waits in the broker for a worker
+        wait_for(
+            lambda: "resumed from checkpoint" in log_path.read_text(), timeout=30, what="watchdog report"
+        )
+        assert f"marked lost: [{run.pk}]" in log_path.read_text()
+
+        worker_factory(queue=victim.queue)  # a worker is back: it picks the run up
+        wait_for(
+            lambda: status_of(run.pk) in ("succeeded", "failed"), timeout=300, what="resumed run finishes"
+        )
+        run.refresh_from_db()
+        assert run.status == RunStatus.SUCCEEDED, run.traceback
+        assert run.auto_resumes == 1 and run.current_iter == 8
+        steps = list(
+            MetricPoint.objects.filter(run_id=run.pk, key="train/reward_mean")
+            .order_by("step")
+            .values_list("step", flat=True)
+        )
+        assert steps == list(range(1, 9))  # continued from the checkpoint, nothing stored twice
+        logs = " ".join(run.logs.values_list("line", flat=True))
+        assert "resumed automatically from the last checkpoint (attempt 1 of" in logs
+        print(f"lost-run detection + resume after kill: {detected_after:.1f} s")
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+        lifecycle.cancel_run(Run.objects.get(pk=long_run.pk))
+        wait_for(lambda: status_of(long_run.pk) != RunStatus.RUNNING, timeout=120, what="busy run cancelled")
+
+
+def _lost_run_with_checkpoint(user, auto_resumes: int) -> Run:
+    run = Run.objects.create(name="lost", config=tiny(2), created_by=user, status=RunStatus.LOST)
+    run_dir = f"/nonexistent/lost-{run.pk}"
+    Run.objects.filter(pk=run.pk).update(run_dir=run_dir)
+    add_checkpoint(run.pk, 1, f"{run_dir}/checkpoints/rl-000001")
+    Run.objects.filter(pk=run.pk).update(auto_resumes=auto_resumes)
+    return run
+
+
+def test_auto_resume_respects_the_limit_and_the_switch(researcher, settings):
+    settings.CELERY_TASK_DEFAULT_QUEUE = "watchdog-test-nobody-listens"
+    settings.GRUE_AUTO_RESUME_LIMIT = 2
+    spent = _lost_run_with_checkpoint(researcher, auto_resumes=2)
+    fresh = _lost_run_with_checkpoint(researcher, auto_resumes=0)
+    assert watchdog.sweep(auto_resume=False).resumed == []
+    assert status_of(fresh.pk) == RunStatus.LOST
+    res = watchdog.sweep()
+    assert fresh.pk in res.resumed and spent.pk not in res.resumed
+    assert status_of(spent.pk) == RunStatus.LOST and status_of(fresh.pk) == RunStatus.QUEUED
+    assert Run.objects.get(pk=fresh.pk).auto_resumes == 1
