@@ -10,6 +10,7 @@ from typing import Any
 
 from annotation.models import Campaign
 from annotation.results import judgment_rows
+from webapp.csvsafe import cell  # the one spreadsheet-formula guard, shared with the runs' CSV
 
 
 def preference_pairs(camp: Campaign, include_gold: bool = False) -> list[dict[str, Any]]:
@@ -49,13 +50,6 @@ CSV_FIELDS = [
     "judgment", "campaign", "item", "annotator", "system_a", "system_b", "choice", "winner", "left_is_a",
     "scores", "seconds", "rationale", "gold", "created", "prompt", "output_a", "output_b",
 ]  # fmt: skip
-
-
-def cell(value: Any) -> Any:
-    """Neutralise spreadsheet formulas in user/model text ("=HYPERLINK(...)" opened in Excel)."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
 
 
 def export_csv(camp: Campaign) -> str:

@@ -18,6 +18,7 @@ from django.db.models import F, FloatField, Q, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
+from webapp import csvsafe
 from webapp.runs.ingest import ROLLUP_LEVELS, rollup_width
 from webapp.runs.models import MetricPoint, MetricRollup, Run, RunLog, RunStatus, Sample
 from webapp.runs.protocol import clean_float, log_line, metric_point, sample_row, status_message
@@ -454,7 +455,7 @@ def metrics_csv(run_ids: Iterable[int], keys: Iterable[str] | None = None) -> It
     writer.writerow(EXPORT_COLUMNS)
     n = 0
     for row in export_rows(run_ids, keys):
-        writer.writerow(row)
+        writer.writerow(csvsafe.row(row))  # run names and metric keys are user text
         n += 1
         if n % 2000 == 0:
             yield buf.getvalue()
