@@ -99,6 +99,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
             "sort_query": sort_params.urlencode(),
             "metrics_param": ",".join(table.metric_columns),
             "column_choices": [(k, True) for k in table.metric_columns] + [(k, False) for k in reported],
+            # Header text split at "/" so that the template can offer a line break after each one.
+            "metric_heads": [{"key": k, "parts": k.split("/")} for k in table.metric_columns],
             "status_choices": [s.value for s in RunStatus],
         },
     )
