@@ -28,7 +28,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from webapp.celery import app as celery_app
@@ -91,14 +92,14 @@ def files_deletable(run: Run) -> str | None:
         Q(run_dir=str(real)) | Q(run_dir__startswith=prefix) | Q(resume_from=str(real))
     ).first()
     if shared is None:
-        shared = others.extra(where=["config::text LIKE %s"], params=[f"%{_like_escape(str(real))}%"]).first()
+        shared = (
+            others.annotate(config_text=Cast("config", TextField()))
+            .filter(config_text__contains=str(real))
+            .first()
+        )
     if shared is not None:
         return f"{real} is still used by run #{shared.pk}"
     return None
-
-
-def _like_escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def actions(run: Run) -> dict[str, bool]:
@@ -445,8 +446,12 @@ def delete_run(run: Run, *, delete_files: bool = False) -> str | None:
         kept = files_deletable(run)
         if kept is None:
             target = paths.is_plain_dir_inside(run.run_dir, paths.runs_root())
+    run_id = run.pk
     run.delete()
     if target is not None:
-        # rmtree unlinks symlinks found inside the tree; it never follows them.
-        shutil.rmtree(target)
+        try:
+            shutil.rmtree(target)  # unlinks symlinks found inside the tree; never follows them
+        except OSError as exc:
+            log.warning("could not remove %s of deleted run %s", target, run_id, exc_info=True)
+            kept = f"removing {target} failed: {exc}"
     return kept
