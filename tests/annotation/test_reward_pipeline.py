@@ -47,14 +47,18 @@ def test_judgments_train_a_reward_model_in_the_worker(celery_worker, wait_for, r
     assert rm.progress == 1.0 and rm.metrics["heldout_pairs"] >= 15
     assert rm.path.startswith(str(runs_dir))  # written under the runs dir (inside the allowed roots)
     assert rm.metrics["heldout_accuracy"] >= 0.8  # chance is 0.5
+    # Reported with its count and Wilson interval; enough held-out pairs to be a measurement.
+    n = rm.metrics["heldout_pairs"]
+    assert rm.metrics["heldout_n"] == n and not rm.metrics["heldout_too_small"]
+    assert rm.metrics["heldout_low"] < rm.metrics["heldout_accuracy"] <= rm.metrics["heldout_high"]
 
-    choice = next(c for c in reward_models.reward_choices() if c["reward"]["args"]["model_path"] == rm.path)
-    assert choice["reward"] == {"id": "learned", "args": {"model_path": rm.path, "label_index": 0}}
-    assert "sentiment RM" in choice["label"]
+    choice = next(c for c in reward_models.reward_choices() if c["id"] == f"learned-rm-{rm.pk}")
+    assert choice["config"] == {"id": "learned", "args": {"model_path": rm.path, "label_index": 0}}
+    assert "sentiment RM" in choice["label"] and f"n={n}" in choice["label"]
 
     from engine.registry import rewards
 
-    reward = rewards.build("learned", **choice["reward"]["args"])
+    reward = rewards.build("learned", **choice["config"]["args"])
     good, bad = reward(
         ["", ""],
         ["The soundtrack was superb and lovely.", "The soundtrack was dreadful and dull."],

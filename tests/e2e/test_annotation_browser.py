@@ -182,6 +182,9 @@ def test_researcher_runs_a_blind_comparison_in_the_browser(
     page.click("#start-btn")
     expect(page.locator(".messages")).to_contain_text("not enough annotators: 0 joined")
     page.click("#invite-btn")
+    copy = page.locator(".copy-btn").first
+    copy.click()  # clipboard where the browser allows it, else the link is selected for Ctrl+C
+    expect(copy).to_have_text(re.compile(r"Copied|Press Ctrl\+C"))
     invite_url = page.locator(".invite-url").first.inner_text()
     assert "/annotate/join/#" in invite_url  # the token is in the fragment: never sent, never logged
 
@@ -236,6 +239,15 @@ def test_researcher_runs_a_blind_comparison_in_the_browser(
     page.wait_for_url(f"{base}/launch/?reward=learned-rm-{rm.pk}")
     # The form opens with that reward model selected (the choice replaces the reward fields).
     expect(page.locator("select[name=reward_preset]")).to_have_value(f"learned-rm-{rm.pk}")
+    page.click("#section-tabs a[data-section=reward]")
+    expect(page.locator("select[name=reward_preset]")).to_be_visible()
+    replaced = page.locator("#section-reward .field").filter(
+        has_not=page.locator("select[name=reward_preset]")
+    )
+    assert replaced.count() > 0
+    for i in range(replaced.count()):
+        expect(replaced.nth(i)).to_be_hidden()  # the reward fields it replaces are hidden
+    page.click("#section-tabs a[data-section=general]")
     page.fill("input[name=name]", "rlhf-run")
     page.click("#launch-btn")
     page.wait_for_url(re.compile(r".*/runs/\d+/$"))
