@@ -31,7 +31,7 @@ def main() -> None:
     refs = [r["scene"][1:] for r in rows]
     systems = {"human": [r["scene"][0] for r in rows], "concepts": [" ".join(r["concepts"]) for r in rows]}
     ids = ["meteor", "rouge", "bleu", "sacrebleu", "chrf", "ter", "cider", "bertscore", "rouge_l_max",
-           "diversity", "perplexity", "sentiment"]  # fmt: skip
+           "diversity", "generation_perplexity", "sentiment"]  # fmt: skip
     meta = [{} for _ in rows]
     print(f"{len(rows)} CommonGen validation concept sets, {sum(map(len, refs))} references")
     print("| metric | build s | score s (x2 systems) | key | human | concepts |")
