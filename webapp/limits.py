@@ -115,9 +115,20 @@ def install_daphne_limits(limit: int | None = None) -> None:
 def serve(argv: list[str] | None = None) -> None:
     """``python -m webapp.server [daphne options] webapp.asgi:application``: daphne with the limits."""
     from daphne.cli import CommandLineInterface
+    from django.conf import settings
 
+    from webapp.security import is_loopback
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    binds = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-b", "--bind")]
+    public = [b for b in binds if not is_loopback(b)]  # daphne's default bind is 127.0.0.1
+    if settings.DEBUG and public:
+        raise SystemExit(
+            f"refusing DEBUG=1 on {', '.join(public)}: DEBUG pages show settings and tracebacks to anyone "
+            "who can reach the server. Bind 127.0.0.1 for development, or unset DEBUG."
+        )
     install_daphne_limits()
-    CommandLineInterface().run(list(sys.argv[1:] if argv is None else argv))
+    CommandLineInterface().run(args)
 
 
 # --------------------------------------------------------------------------- ASGI / WSGI
