@@ -18,7 +18,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from webapp.asgi import application
-from webapp.runs import lifecycle
+from webapp.runs import lifecycle, queries
 from webapp.runs.broadcast import broadcast
 from webapp.runs.errors import BrokerUnavailable
 from webapp.runs.models import MetricPoint, Run, RunLog, RunStatus
@@ -225,7 +225,7 @@ def test_an_outage_past_the_limit_fails_the_run_with_the_real_cause(
 
 
 @pytest.fixture
-def hung_redis(settings):
+def hung_redis(settings, monkeypatch):
     """Channels, the cache-less broadcast path and Celery pointed at a Redis that never answers."""
     from webapp.celery import app
 
@@ -236,6 +236,8 @@ def hung_redis(settings):
     cfg = dict(layers["default"]["CONFIG"])
     cfg["hosts"] = [{**cfg["hosts"][0], "address": url}]
     settings.CHANNEL_LAYERS = {"default": {**layers["default"], "CONFIG": cfg}}  # channels resets layers
+    settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": url}}  # Django resets caches
+    monkeypatch.setattr(queries, "_cache_paused_until", 0.0)
     old_broker = app.conf.broker_url
     app.conf.broker_url = url
     yield proxy
@@ -277,6 +279,10 @@ def test_a_hung_redis_never_stalls_storing_or_requests(hung_redis, researcher):
     assert sink._broadcaster.sent == 0 and sink._broadcaster.failures >= 1
     # After a failed send the recorder stops trying for a while instead of waiting on every flush.
     assert sink._broadcaster.failures < sink.flushes
+    # Chart data is read from PostgreSQL when the cache hangs (after one timeout, without asking it).
+    for _ in range(2):
+        series = _in_thread(lambda: queries.metric_series(run.pk, "train/reward_mean"))
+        assert series["x"] == list(range(30)) and series["y"][-1] == 29.0
     # A status broadcast from a request gives up at its timeout.
     assert _in_thread(lambda: broadcast(run.pk, {"type": "status"}, timeout=0.5)) is False
     # Launch answers with a clear message and keeps the run as a draft.

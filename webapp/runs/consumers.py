@@ -115,7 +115,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.cursors = protocol.parse_cursors(content.get("after"))
             await self._catch_up()
         elif kind == "ping":
-            await self.send_json({**protocol.pong_message(), "live": self.live_received})
+            await self.send_json(protocol.pong_message(self.live_received))
         else:
             await self.send_json(protocol.error_message(f"unknown message type {kind!r}"))
 

@@ -18,7 +18,7 @@ Server → client:
   {"type": "checkpoint", "step", "path"}
   {"type": "batch", "messages": [<any of the above>, ...]}   one recorder flush, in event order
   {"type": "caught_up", "metric_cursor", "sample_cursor", "log_cursor"}
-  {"type": "pong"}
+  {"type": "pong", "live"}   live: group messages this connection has received (a test barrier)
   {"type": "error", "error"}
 Close codes: 4403 not allowed (not logged in, not a researcher, or the session ended), 4404 no such
 run, 4409 a second subscribe on one connection. The browser stops reconnecting on these and says why.
@@ -123,8 +123,10 @@ def caught_up_message(cursors: Mapping[str, int]) -> dict[str, Any]:
     return {"type": "caught_up", **{name: int(cursors.get(name) or 0) for name in CURSOR_NAMES}}
 
 
-def pong_message() -> dict[str, Any]:
-    return {"type": "pong"}
+def pong_message(live: int) -> dict[str, Any]:
+    """``live``: how many group messages the connection has received so far; a client (or a test)
+    that pings until it reaches a known count knows every earlier broadcast has been handled."""
+    return {"type": "pong", "live": int(live)}
 
 
 def error_message(error: str) -> dict[str, Any]:

@@ -7,7 +7,9 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import math
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,8 @@ from webapp import csvsafe
 from webapp.runs.ingest import ROLLUP_LEVELS, rollup_width
 from webapp.runs.models import MetricPoint, MetricRollup, Run, RunLog, RunStatus, Sample
 from webapp.runs.protocol import clean_float, log_line, metric_point, sample_row, status_message
+
+log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- run table
 
@@ -354,18 +358,35 @@ def _series_version(run_id: int) -> tuple[int, list[Any]]:
     return metric_cursor(run_id), [connection.settings_dict["NAME"], run_id, str(created)]
 
 
-def _cache_get(key: str) -> Any:
+# After a cache error (Redis down or hung: each call waits for the cache's socket timeout), chart
+# requests skip the cache for this long and read PostgreSQL, which answers them in milliseconds.
+CACHE_PAUSE_S = 30.0
+_cache_paused_until = 0.0
+
+
+def _cache_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    global _cache_paused_until
+    if time.monotonic() < _cache_paused_until:
+        return None
     try:
-        return cache.get(key)
-    except Exception:  # noqa: BLE001 - a cache outage only costs time
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - a cache outage only costs time
+        _cache_paused_until = time.monotonic() + CACHE_PAUSE_S
+        log.warning(
+            "chart cache unavailable (%s: %s); reading the database for %.0f s",
+            type(exc).__name__,
+            exc,
+            CACHE_PAUSE_S,
+        )
         return None
 
 
+def _cache_get(key: str) -> Any:
+    return _cache_call(cache.get, key)
+
+
 def _cache_set(key: str, value: Any) -> None:
-    try:
-        cache.set(key, value, timeout=24 * 3600)
-    except Exception:  # noqa: BLE001
-        pass
+    _cache_call(cache.set, key, value, timeout=24 * 3600)
 
 
 def metric_series_many(
