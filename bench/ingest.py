@@ -124,7 +124,32 @@ def bench_ingest(n_points: int) -> dict[str, Any]:
     dt = time.perf_counter() - t
     out["ingest_metrics_50k_batches_no_returning"] = {"seconds": dt, "points_per_s": len(rows) / dt}
     run.delete()
+    out["copy_ceiling"] = bench_copy_ceiling(rows)
+    ratio = out["sink_store_and_broadcast"]["points_per_s"] / out["copy_ceiling"]["points_per_s"]
+    out["store_and_broadcast_share_of_ceiling"] = ratio  # target ≥ 0.2 (100k of ~500k on a quiet machine)
     return out
+
+
+def bench_copy_ceiling(rows: list[tuple[str, int, float]]) -> dict[str, float]:
+    """Plain COPY of the same points into the metric table (no dedup, no rollup, nothing returned):
+    what PostgreSQL can take at this moment, so runs on a loaded machine can be compared."""
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    run = services.create_run({}, name="bench-copy-ceiling", tags=["bench"])
+    now = timezone.now()
+    t = time.perf_counter()
+    for i in range(0, len(rows), 50_000):
+        with transaction.atomic(), connection.cursor() as cur:
+            with cur.cursor.copy(
+                "COPY runs_metricpoint (run_id, key, step, value, time) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(["int8", "text", "int8", "float8", "timestamptz"])
+                for k, st, v in rows[i : i + 50_000]:
+                    copy.write_row((run.pk, k, st, v, now))
+    dt = time.perf_counter() - t
+    run.delete()
+    return {"seconds": dt, "points_per_s": len(rows) / dt}
 
 
 def _listen(run_id: int) -> tuple[Any, str]:
