@@ -77,8 +77,15 @@ def test_imdb_ppo_mapping_values(caplog):
         "label_index": 1,
     }
     ppl = cfg.eval.metrics[1]
-    assert ppl.args == {"model": "gpt2"}
+    # RL4LMs's perplexity: the policy on the references, with RL4LMs's stride; its separate tokenizer
+    # (tokenizer_id: gpt2) is replaced by the policy's own, and that is listed.
+    assert ppl.args == {"stride": 512}
+    # RL4LMs samples with HF generate's default top_k (50) when its kwargs set none (rollout and eval).
+    assert cfg.rollout.top_k == 50 and cfg.eval.generation.top_k == 50
+    # SB3/RL4LMs: no value clipping unless clip_range_vf is set.
+    assert cfg.algorithm.clip_range_value is None
     keys = " ".join(unhonoured)
+    assert "train_evaluation.metrics[1].args.tokenizer_id" in keys
     assert "alg.policy.args.apply_model_parallel" in keys
     assert "env.n_envs" in keys
     assert "alg.args.batch_size" in keys
@@ -95,6 +102,28 @@ def test_nlpo_options():
     assert cfg.algorithm.nlpo.top_mask == 0.9
     assert cfg.algorithm.nlpo.min_tokens_to_keep == 100
     assert cfg.algorithm.nlpo.mask_update_interval == 5
+    assert cfg.algorithm.nlpo.masked_eval  # RL4LMs evaluates NLPO through its masked generation
+    assert cfg.kl.controller == "adaptive"  # RL4LMs's per-token controller, not Ziegler's
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"do_sample": True}, 50),  # RL4LMs: HF generate's default
+        ({"do_sample": True, "top_k": None}, 50),  # null also means HF's default there
+        ({"do_sample": True, "top_k": 0}, 0),  # explicitly off stays off
+        ({"do_sample": True, "top_k": 20}, 20),
+        ({"do_sample": False}, 0),  # greedy: no top-k
+    ],
+)
+def test_generation_top_k_follows_hf_generate_defaults(kwargs, expected):
+    raw = _load("imdb_text_continuation_gpt2_ppo.yml")
+    raw["alg"]["policy"]["args"]["generation_kwargs"] = {"max_new_tokens": 8, **kwargs}
+    raw["alg"]["args"]["clip_range_vf"] = 0.3
+    data, _ = convert_rl4lms(raw)
+    cfg = parse_config(data)
+    assert cfg.rollout.top_k == expected
+    assert cfg.algorithm.clip_range_value == pytest.approx(0.3)  # a given value is kept
 
 
 def test_supervised_config():
@@ -134,14 +163,15 @@ def test_model_map_argument_env_and_file(monkeypatch, tmp_path):
     assert data["eval"]["metrics"][0]["args"]["model_path"] == "/models/clf"
 
     f = tmp_path / "map.yaml"
-    f.write_text("gpt2: builtin:tiny-gpt2\n")
+    f.write_text("lvwerra/distilbert-imdb: /models/file-clf\n")
     monkeypatch.setenv(MODEL_MAP_ENV, str(f))
     data, _ = convert_rl4lms(src)
-    assert data["eval"]["metrics"][1]["args"]["model"] == "builtin:tiny-gpt2"
+    assert data["eval"]["metrics"][0]["args"]["model_path"] == "/models/file-clf"
 
     # A model_map inside the RL4LMs file wins over the environment.
-    data, _ = convert_rl4lms({**src, "model_map": {"gpt2": "/elsewhere"}})
-    assert data["eval"]["metrics"][1]["args"]["model"] == "/elsewhere"
+    data, _ = convert_rl4lms({**src, "model_map": {"lvwerra/distilbert-imdb": "/elsewhere"}})
+    assert data["eval"]["metrics"][0]["args"]["model_path"] == "/elsewhere"
+    assert data["reward"]["args"]["model_name"] == "/elsewhere"
 
     monkeypatch.setenv(MODEL_MAP_ENV, "no-equals-sign-and-no-file")
     with pytest.raises(ConfigError, match=MODEL_MAP_ENV):
@@ -158,10 +188,10 @@ def test_load_config_detects_rl4lms_and_applies_overrides():
 
 def test_unsupported_algorithm_names_the_key():
     src = _load("imdb_text_continuation_gpt2_ppo.yml")
-    src["alg"]["id"] = "a2c"
+    src["alg"]["id"] = "reinforce_plus_plus"  # not an algorithm of RL4LMs nor a registered one
     with pytest.raises(ConfigError) as exc:
         convert_rl4lms(src)
-    assert "alg.id" in str(exc.value) and "a2c" in str(exc.value)
+    assert "alg.id" in str(exc.value) and "reinforce_plus_plus" in str(exc.value)
     assert exc.value.errors[0][0] == "alg.id"
 
 
@@ -294,7 +324,7 @@ def test_dialog_reward_sweep_takes_first_and_says_so():
     assert cfg.reward.id == "intent_accuracy"
     assert cfg.reward.args == {"intent_coeff": 0.5, "auto_coeff": 0.5}
     assert any(u.startswith("reward_fn.values") for u in unhonoured)
-    assert cfg.eval.metrics[1].args == {"model": "gpt2"}
+    assert cfg.eval.metrics[1].args == {"stride": 128}  # the policy on the references, RL4LMs stride
     assert cfg.kl.controller == "fixed"  # no target_kl given
 
 
