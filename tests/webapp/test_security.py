@@ -298,6 +298,9 @@ def test_a_200mb_anonymous_post_is_refused_before_buffering(web_server, chunked,
     if reply:  # the 413 may be lost to a reset when the client was still sending
         assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
     grown = watch.peak - before
+    print(
+        f"200 MB POST ({'chunked' if chunked else 'content-length'}): {sent / 2**20:.0f} MiB sent, peak RSS +{grown / 2**20:.1f} MiB"
+    )
     assert grown < 64 * 1024 * 1024, (
         f"web process grew by {grown / 2**20:.0f} MiB (limit {limit / 2**20:.0f} MiB)"
     )
