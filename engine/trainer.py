@@ -48,6 +48,16 @@ def _mix(*parts: int) -> int:
     return h
 
 
+def _support_stats(support: Any, mask: torch.Tensor) -> dict[str, float]:
+    """Share of the vocabulary in the sampled action space (top-k, top-p, NLPO mask), when one is stored."""
+    if not isinstance(support, torch.Tensor):
+        return {}
+    valid = mask.bool()
+    if not bool(valid.any()):
+        return {}
+    return {"rollout/support_frac": float(support[valid].float().mean())}
+
+
 def load_split(cfg: RunConfig, split: str) -> list[Any]:
     from engine.data import load_task
 
@@ -497,6 +507,7 @@ class Trainer:
             "train/kl_episode": float(seq_kl.mean()),
             "train/kl_coef": beta,
             "train/entropy": float(masked_mean(batch.entropy, mask)),
+            **_support_stats(batch.support, mask),
             "train/episode_length": float(lengths.mean()),
             "train/shaped_return": float(rewards.sum(1).mean()),
             "value/mean": float(masked_mean(batch.values, mask)),
