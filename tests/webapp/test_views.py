@@ -237,21 +237,44 @@ def test_clone_prefills_the_launch_form(researcher_client: Client, researcher: A
     assert f'name="cloned_from" value="{run.pk}"' in html
 
 
+def input_value(html: str, name: str) -> str | None:
+    """The value attribute of the form input called ``name`` (None if it has none)."""
+    tag = re.search(rf'<input[^>]*\bname="{re.escape(name)}"[^>]*>', html)
+    assert tag, f"no input named {name}"
+    value = re.search(r'\bvalue="([^"]*)"', tag.group(0))
+    return value.group(1) if value else None
+
+
 @pytest.mark.django_db
 def test_presets_are_offered_and_load(researcher_client: Client) -> None:
-    from webapp.runs.forms import list_presets
+    from engine.presets import list_presets
 
     presets = list_presets()
+    assert len(presets) >= 102  # the GRUE grid (8 tasks x 6 algorithms x 2 variants) + quick starts
     html = researcher_client.get("/launch/").content.decode()
-    if not presets:
-        assert "No presets are installed" in html
-        return
+    assert f"{len(presets)} presets" in html
     for p in presets:
-        assert p["name"] in html
-    r = researcher_client.get("/launch/", {"preset": presets[0]["name"]})
-    assert r.status_code == 200 and b"unknown preset" not in r.content
+        assert f'<option value="{p["name"]}" title=' in html, p["name"]
+    assert 'id="preset-description"' not in html  # nothing chosen yet
+
+    # loading a preset fills the form with its values and selects it
+    r = researcher_client.get("/launch/", {"preset": "imdb_ppo"})
+    html = r.content.decode()
+    assert r.status_code == 200
+    assert '<option value="imdb_ppo" selected title=' in html
+    assert '<input type="hidden" name="preset" value="imdb_ppo">' in html
+    assert input_value(html, "name") == "imdb_ppo"
+    assert input_value(html, "model__name_or_path") == "lvwerra/gpt2-imdb"
+    assert input_value(html, "train__n_iters") == "50"
+    assert float(input_value(html, "algorithm__learning_rate")) == pytest.approx(1e-6)
+    assert "unknown preset" not in html and 'class="msg msg-error"' not in html
+
+    # an unknown name: the error names it (escaped), the form keeps its defaults
     r = researcher_client.get("/launch/", {"preset": "no-such-preset"})
-    assert b"unknown preset" in r.content or b"not available" in r.content
+    html = r.content.decode()
+    assert r.status_code == 200
+    assert '<div class="msg msg-error">unknown preset &#x27;no-such-preset&#x27;' in html
+    assert input_value(html, "model__name_or_path") == default_config()["model"]["name_or_path"]
 
 
 # --------------------------------------------------------------------------- run actions
