@@ -303,3 +303,26 @@ def test_run_table_with_30_eval_columns_scrolls_inside_its_box(
     page.wait_for_function("() => document.querySelectorAll('table.runs-table th.metric').length === 2")
     narrower = page.evaluate("() => document.getElementById('runs-table-scroll').scrollWidth")
     assert narrower < widths["table"] / 2, (narrower, widths)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_page_preloads_its_chart_overview_once(
+    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+) -> None:
+    """A first visit requests the chart overview from the HTML (a preload that runs while the
+    plotly bundle loads) and the page's script uses that response: one request, not two."""
+    from webapp.runs import services
+
+    run = services.create_run({"name": "preloaded"}, user=researcher)
+    services.ingest_metrics(run.pk, [("train/reward_mean", s, s / 100) for s in range(100)])
+    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url) if "/series.json" in r.url else None)
+    page.goto(f"{asgi_server.url}/runs/{run.pk}/")
+    page.wait_for_function("() => window.grueRun && window.grueRun.pointCount() === 100")
+    assert requests == [f"{asgi_server.url}/runs/{run.pk}/series.json?max_points=1000"]
+    initiators = page.evaluate(
+        "() => performance.getEntriesByType('resource')"
+        ".filter((e) => e.name.includes('/series.json')).map((e) => e.initiatorType)"
+    )
+    assert initiators == ["link"]
