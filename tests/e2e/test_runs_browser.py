@@ -60,13 +60,13 @@ def test_launch_watch_live_and_cancel(
     assert run.config["train"]["n_iters"] == 400
 
     # Live: the reward chart appears and its point count grows without a reload.
-    page.wait_for_function("window.grueRun && window.grueRun.pointCount() > 0", timeout=180_000)
+    page.wait_for_function("() => window.grueRun && window.grueRun.pointCount() > 0", timeout=180_000)
     reward = page.locator(".chart[data-group=reward]")
     expect(reward).to_be_visible()
     first = page.evaluate("window.grueRun.pointCount()")
-    page.wait_for_function(f"window.grueRun.pointCount() > {first}", timeout=120_000)
+    page.wait_for_function(f"() => window.grueRun.pointCount() > {first}", timeout=120_000)
     page.wait_for_function(
-        "Number(document.querySelector('.chart[data-group=reward]').dataset.points) > 1", timeout=60_000
+        "() => Number(document.querySelector('.chart[data-group=reward]').dataset.points) > 1", timeout=60_000
     )
     expect(page.locator("#status-badge")).to_have_text("running")
     expect(page.locator("#ws-state")).to_have_text("live")
@@ -80,7 +80,7 @@ def test_launch_watch_live_and_cancel(
     page.evaluate("window.grueRun.disconnect()")
     expect(page.locator("#ws-state")).not_to_have_text("live", timeout=10_000)
     expect(page.locator("#ws-state")).to_have_text("live", timeout=60_000)
-    page.wait_for_function(f"window.grueRun.pointCount() > {before}", timeout=120_000)
+    page.wait_for_function(f"() => window.grueRun.pointCount() > {before}", timeout=120_000)
 
     # Cancel: a POST with CSRF; the worker stops between iterations and the badge says cancelled.
     page.click("#cancel-btn")
@@ -90,7 +90,7 @@ def test_launch_watch_live_and_cancel(
     assert 0 < run.current_iter < 400
     # No gaps, no duplicates across the reconnect: the page holds exactly the stored (key, step) points.
     stored = MetricPoint.objects.filter(run=run).count()
-    page.wait_for_function(f"window.grueRun.pointCount() === {stored}", timeout=30_000)
+    page.wait_for_function(f"() => window.grueRun.pointCount() === {stored}", timeout=30_000)
     # Once finished, the page offers retry/delete instead of cancel, without a reload.
     expect(page.locator("#retry-btn")).to_be_visible()
     expect(page.locator("#cancel-btn")).to_be_hidden()
@@ -137,15 +137,15 @@ def test_zoom_fetches_full_resolution(page: Any, asgi_server: Any, researcher: A
     services.ingest_metrics(run.pk, [("train/reward_mean", s, (s % 97) / 97) for s in range(20_000)])
     login(page, asgi_server.url, researcher.username, password_of(researcher))
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")
-    page.wait_for_function("window.grueRun && window.grueRun.pointCount() > 0")
+    page.wait_for_function("() => window.grueRun && window.grueRun.pointCount() > 0")
     chart = "document.querySelector('.chart[data-group=reward]')"
     overview = page.evaluate(f"{chart}.data[0].x.length")
     assert 0 < overview < 20_000  # downsampled by the server
     page.evaluate(f"Plotly.relayout({chart}, {{'xaxis.range': [1000, 1300]}})")
-    page.wait_for_function(f"{chart}.dataset.zoomed === '1000:1300'")
-    page.wait_for_function(f"{chart}.data[0].x.length === 301")  # every step of the range
+    page.wait_for_function(f"() => {chart}.dataset.zoomed === '1000:1300'")
+    page.wait_for_function(f"() => {chart}.data[0].x.length === 301")  # every step of the range
     page.evaluate(f"Plotly.relayout({chart}, {{'xaxis.autorange': true}})")
-    page.wait_for_function(f"{chart}.data[0].x.length === {overview}")
+    page.wait_for_function(f"() => {chart}.data[0].x.length === {overview}")
     # The smoothing is a debiased EMA; by hand for alpha = 0.5 over [1, 2, gap, 4]:
     # 0.5/0.5 = 1, (0.25 + 1)/0.75 = 5/3, gap, (0.625 + 2)/0.875 = 3.
     smoothed = page.evaluate("GrueCharts.ema([1, 2, null, 4], 0.5)")
