@@ -558,3 +558,26 @@ def test_special_tokens_are_shown_as_escaped_markers():
     assert "⟦end of text⟧" in html and "⟦padding⟧" in html and "⟦separator⟧" in html
     assert 'title="model control token &lt;|endoftext|&gt;"' in html
     assert special_tokens("a < b & c") == "a &lt; b &amp; c"  # ordinary text is only escaped
+
+
+def test_reward_model_backbone_must_be_a_known_model_or_inside_the_read_roots(tmp_path, settings):
+    """Issue 16: the backbone was checked only when it started with / . ~ ("runs/../../x" passed)."""
+    from annotation.reward_models import TrainRequest, create_reward_model
+    from webapp.runs.errors import PathNotAllowed
+
+    settings.ALLOWED_ROOTS = [str(tmp_path / "allowed")]
+    (tmp_path / "allowed" / "rm-backbone").mkdir(parents=True)
+    camp = uploads.create_campaign_from_upload("rm", sentiment_upload(4), overlap=1)
+    u = make_user("u")
+    invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
+    _judge_all(camp, [u], lambda item, _u: "a")
+    for bad in ("runs/../../etc", "/etc", "~/secrets", "a/b/c", str(tmp_path / "elsewhere")):
+        with pytest.raises(PathNotAllowed, match="outside the allowed directories"):
+            create_reward_model(camp, TrainRequest(name="x", backbone=bad), enqueue=False)
+    for ok in ("minilm", "builtin:tiny-gpt2", "sentence-transformers/all-MiniLM-L6-v2"):
+        assert create_reward_model(camp, TrainRequest(name="x", backbone=ok), enqueue=False).backbone == ok
+    inside = create_reward_model(
+        camp, TrainRequest(name="x", backbone=str(tmp_path / "allowed" / "rm-backbone")), enqueue=False
+    )
+    assert inside.backbone == str((tmp_path / "allowed" / "rm-backbone").resolve())
