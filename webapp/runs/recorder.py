@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GIVE_UP_S = float(os.environ.get("GRUE_RECORDER_GIVE_UP_S", "900"))
 DEFAULT_QUEUE_EVENTS = 10_000
+IDLE_EXIT_S = 5.0  # an idle flush thread ends (closing its connection); the next event starts one
 
 
 class RecorderError(RuntimeError):
@@ -346,15 +347,15 @@ class Recorder:
             while True:
                 timeout = None if not pending else max(0.0, first_at + self.max_delay - time.monotonic())
                 try:
-                    item = self._queue.get(timeout=timeout if pending else 5.0)
+                    item = self._queue.get(timeout=timeout if pending else IDLE_EXIT_S)
                 except queue.Empty:
                     if pending:
                         self._store(pending)
                         pending, points = [], 0
                         continue
-                    with self._lock:  # idle: let the thread end; the next event starts a new one
+                    with self._lock:  # idle: end the thread; the next event starts a new one
                         if self._queue.empty():
-                            self._thread = None
+                            self._exit()
                             return
                     continue
                 if isinstance(item, _Barrier):
@@ -363,7 +364,7 @@ class Recorder:
                         pending, points = [], 0
                     if item.stop:
                         with self._lock:
-                            self._thread = None
+                            self._exit()
                         item.done.set()
                         return
                     item.done.set()
@@ -376,9 +377,17 @@ class Recorder:
                 if points >= self.batch_points:
                     self._store(pending)
                     pending, points = [], 0
-        finally:
-            self._broadcaster.close()
-            connection.close()
+        except BaseException:
+            with self._lock:
+                self._exit()
+            raise
+
+    def _exit(self) -> None:
+        """The flush thread's cleanup, under ``_lock``: a thread started for the next event cannot
+        run before this thread's connection and event loop are closed."""
+        self._broadcaster.close()
+        connection.close()
+        self._thread = None
 
     def _store(self, events: list[_Event]) -> None:
         if self.error is not None:
