@@ -60,7 +60,9 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    # bypass_csp: Playwright's wait_for_function evaluates its predicate with eval(), which the app's
+    # Content-Security-Policy forbids; tests/e2e/test_csp_browser.py checks the pages under the CSP.
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
     pg = context.new_page()
     pg.set_default_timeout(30_000)
     yield pg
