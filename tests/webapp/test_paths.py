@@ -63,6 +63,7 @@ def test_a_relative_string_naming_a_local_directory_is_a_path(tmp_path, monkeypa
         ("Translate English/German: ", False),  # prose that names nothing on disk
         ("gpt2", False),
         ("lang", False),
+        (".", False),  # an end-of-concept token (CommonGen), not the working directory
         ("allenai/t5-base", False),
     ],
 )

@@ -108,10 +108,11 @@ def looks_like_path(value: str) -> bool:
 
     Absolute, home and dot-relative strings are paths whatever they contain (spaces too); a relative
     string with a ``/`` is a path unless it is a hub id, except plain text with spaces that names
-    nothing on disk (a prompt such as ``"English/German: "``), which no loader could open."""
+    nothing on disk (a prompt such as ``"English/German: "``), which no loader could open. Strings
+    without a ``/`` (``"."`` as an end token, ``"en"``) are not paths."""
     if not value or "\n" in value:
         return False
-    if value.startswith(("/", "~", "./", "../")) or value in (".", ".."):
+    if value.startswith(("/", "~", "./", "../")):
         return True
     if "/" not in value and os.sep not in value:
         return False
