@@ -30,23 +30,35 @@ TASKS = {
     "daily_dialog": (True, "nlpo"),
 }
 
-# A key every metric id must put into the results (the metric's headline value).
+VOCAB = 50257  # GPT-2's, shared by both builtin tiny models
+
+# A key every metric id must put into the results (the metric's headline value), and the range a
+# finite value of it must lie in. Bounded scores are checked on their whole scale; perplexities of the
+# (nearly random) tiny models must lie between 1 and a few times the vocabulary size (a uniform model
+# scores exactly VOCAB); TER is edits / reference words, at most about 1 for these short generations.
 EXPECTED_KEY = {
-    "sentiment": "semantic/sentiment_vader",
-    "perplexity": "fluency_metrics/perplexity",
-    "diversity": "diversity_metrics/distinct-1",
-    "meteor": "lexical/meteor",
-    "rouge": "lexical/rouge_rouge1",
-    "bleu": "lexical/bleu",
-    "bertscore": "semantic/bert_score",
-    "cider": "lexical/cider",
-    "parent": "table_to_text/parent_overall_f_score",
-    "rouge_l_max": "lexical/rouge_l_max",
-    "sacrebleu": "lexical/sacrebleu",
-    "chrf": "lexical/chrf",
-    "ter": "lexical/ter",
-    "intent_accuracy": "intent/accuracy",
+    "sentiment": ("semantic/sentiment_vader", 0.0, 1.0),
+    "perplexity": ("fluency_metrics/perplexity", 1.0, 20 * VOCAB),
+    "generation_perplexity": ("fluency_metrics/generation_perplexity", 1.0, 20 * VOCAB),
+    "diversity": ("diversity_metrics/distinct-1", 0.0, 1.0),
+    "meteor": ("lexical/meteor", 0.0, 1.0),
+    "rouge": ("lexical/rouge_rouge1", 0.0, 1.0),
+    "bleu": ("lexical/bleu", 0.0, 1.0),
+    "bertscore": ("semantic/bert_score", -1.0, 1.0),
+    "cider": ("lexical/cider", 0.0, 10.0),
+    "parent": ("table_to_text/parent_overall_f_score", 0.0, 1.0),
+    "rouge_l_max": ("lexical/rouge_l_max", 0.0, 1.0),
+    "sacrebleu": ("lexical/sacrebleu", 0.0, 1.0),
+    "chrf": ("lexical/chrf", 0.0, 1.0),
+    "ter": ("lexical/ter", 0.0, 2.0),
+    "intent_accuracy": ("intent/accuracy", 0.0, 1.0),
 }
+
+
+def check_range(metric_id: str, value: object) -> None:
+    key, lo, hi = EXPECTED_KEY[metric_id]
+    assert isinstance(value, float) and math.isfinite(value), (key, value)  # NaN is a failure too
+    assert lo <= value <= hi, (key, value, (lo, hi))
 
 
 def tiny(task: str, tmp_path: Path) -> dict:
@@ -72,8 +84,9 @@ def tiny(task: str, tmp_path: Path) -> dict:
     if rl == "nlpo":
         cfg["algorithm"]["nlpo"] = {"top_mask": 0.9, "min_tokens_to_keep": 10, "mask_update_interval": 1}
     for m in cfg["eval"]["metrics"]:
-        if m["id"] == "perplexity":  # the offline preset scores under SmolLM2; a tiny reference LM here
-            m["args"] = {}
+        if m["id"] in ("perplexity", "generation_perplexity"):  # not SmolLM2: the builtin tiny LM here
+            m["args"] = {k: v for k, v in m.get("args", {}).items() if k not in ("model", "gguf_file")}
+    cfg["model"]["mixed_precision"] = "no"  # fp32: the outcome must not depend on the CPU's bf16 kernels
     cfg["supervised"].update({"epochs": 1, "batch_size": 4, "max_steps": 1, "max_target_length": 12})
     return cfg
 
@@ -104,7 +117,9 @@ def test_task_runs_end_to_end(task, tmp_path):
     assert len(rl) == 1 and math.isfinite(rl[0]["train/reward_mean"])
     final = summary["eval"]
     for m in cfg.eval.metrics:
-        assert f"eval/{EXPECTED_KEY[m.id]}" in final, (m.id, sorted(final))
+        key = f"eval/{EXPECTED_KEY[m.id][0]}"
+        assert key in final, (m.id, sorted(final))
+        check_range(m.id, final[key])
 
     out = tmp_path / "results.json"
     result = engine.evaluate(
@@ -114,11 +129,13 @@ def test_task_runs_end_to_end(task, tmp_path):
     assert saved["split"] == "test" and saved["n_samples"] == len(saved["samples"]) <= 4
     assert saved["metrics"] == pytest.approx(result["metrics"], nan_ok=True)
     for m in cfg.eval.metrics:
-        value = saved["metrics"][EXPECTED_KEY[m.id]]
-        assert isinstance(value, float) and not math.isinf(value), (m.id, value)
-    assert "reward_mean" in saved["metrics"]
-    row = saved["samples"][0]
-    assert {"prompt", "generation", "references", "reward"} <= set(row)
+        check_range(m.id, saved["metrics"][EXPECTED_KEY[m.id][0]])
+    assert math.isfinite(saved["metrics"]["reward_mean"])
+    rows = saved["samples"]
+    assert all({"prompt", "generation", "references", "reward"} <= set(row) for row in rows)
+    assert all(math.isfinite(row["reward"]) for row in rows)
+    # the reported mean reward is the mean of the per-sample rewards
+    assert saved["metrics"]["reward_mean"] == pytest.approx(sum(r["reward"] for r in rows) / len(rows))
 
 
 def test_quick_start_preset_through_the_cli(tmp_path):
