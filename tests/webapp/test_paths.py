@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine import presets
+from engine.config import parse_config
 from webapp.runs import paths, services
 from webapp.runs.errors import ConfigInvalid, PathNotAllowed
 
@@ -137,3 +139,16 @@ def test_is_plain_dir_inside_refuses_symlinks_anywhere_on_the_way(tmp_path):
     assert paths.is_plain_dir_inside(root / "via-link", root) is None
     assert paths.is_plain_dir_inside(root, root) is None
     assert paths.is_plain_dir_inside(tmp_path / "out", root) is None
+
+
+def test_every_preset_stays_launchable_under_the_path_rules():
+    """No preset's model, data or metric argument is mistaken for a path outside the roots (e.g.
+    CommonGen's "." end token, prompt prefixes), with the default allowed roots."""
+    names = [p["name"] for p in presets.list_presets()]
+    assert len(names) > 100
+    flagged = {
+        name: found
+        for name in names
+        if (found := paths.config_read_violations(parse_config(presets.load_preset(name)).to_dict()))
+    }
+    assert flagged == {}
