@@ -285,3 +285,22 @@ def test_two_queued_runs_with_one_output_dir_cannot_both_take_it(researcher, set
     with pytest.raises(ServiceError, match=f"belongs to run #{first.pk}"):
         lifecycle.prepare_run_dir(second)
     assert Run.objects.get(pk=second.pk).run_dir == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_resumes_in_its_own_chosen_output_dir(researcher, settings, tmp_path, scratch_queue):
+    """Its own files do not count as "another run" when it continues in place."""
+    settings.ALLOWED_ROOTS = [tmp_path]
+    out = tmp_path / "chosen"
+    run = lifecycle.launch_run({**TINY, "train": {"output_dir": str(out)}}, user=researcher)
+    run = lifecycle.claim(run.pk, task_id=run.task_id, worker="w1")
+    assert lifecycle.prepare_run_dir(run)["train"]["output_dir"] == str(out)
+    (out / "config.json").write_text("{}")  # what the engine writes first
+    Checkpoint.objects.create(run=run, step=1, path=str(out / "checkpoints" / "rl-000001"))
+    assert lifecycle.mark_lost(run.pk)
+    run = lifecycle.resume_run(run)
+    assert run.status == RunStatus.QUEUED and run.resume_from == str(out)
+    run = lifecycle.claim(run.pk, task_id=run.task_id, worker="w2")
+    assert lifecycle.prepare_run_dir(run)["train"]["output_dir"] == str(out)
+    run.refresh_from_db()
+    assert run.run_dir == str(out) and run.run_dir_owned

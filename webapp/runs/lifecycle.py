@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -248,7 +248,7 @@ def prepare_run_dir(run: Run) -> dict[str, Any]:
     recorded as owned by the run (only such a directory is ever deleted with it)."""
     config = dict(run.config)
     train = dict(config.get("train") or {})
-    services.check_config_paths(config, run_id=run.pk)
+    services.check_config_paths(config, run_id=run.pk, resuming=bool(run.resume_from))
     owned = run.run_dir_owned
     if run.resume_from:
         out = paths.resolve(run.resume_from)
@@ -266,7 +266,12 @@ def prepare_run_dir(run: Run) -> dict[str, Any]:
             owned = False
     train["output_dir"] = str(out)
     config["train"] = train
-    Run.objects.filter(pk=run.pk).update(run_dir=str(out), run_dir_owned=owned)
+    try:
+        with transaction.atomic():
+            Run.objects.filter(pk=run.pk).update(run_dir=str(out), run_dir_owned=owned)
+    except IntegrityError:  # another run took the directory between the check and now
+        owner = services.run_dir_owner(out, exclude=run.pk)
+        raise ServiceError(f"{out} belongs to run #{owner.pk if owner else '?'}") from None
     return config
 
 
