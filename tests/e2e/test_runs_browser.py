@@ -157,13 +157,13 @@ def test_zoom_fetches_full_resolution(page: Any, asgi_server: Any, researcher: A
 
 
 def _drawn(page: Any, selector: str) -> None:
-    """Wait until every chart under ``selector`` has been drawn by Plotly (a function, not an
-    expression: the pages' CSP forbids the eval Playwright uses for expressions)."""
-    page.wait_for_function(
-        "(sel) => { const cs = document.querySelectorAll(sel);"
-        " return cs.length > 0 && Array.from(cs).every((c) => c.querySelector('.main-svg')); }",
-        arg=selector,
-    )
+    """Scroll to each chart under ``selector`` and wait until Plotly has drawn it (the compare page
+    draws a chart when it comes near the screen). Predicates are functions, not expressions: the
+    pages' CSP forbids the eval Playwright uses for expressions."""
+    charts = page.locator(selector)
+    for i in range(charts.count()):
+        charts.nth(i).scroll_into_view_if_needed()
+        charts.nth(i).locator(".main-svg").first.wait_for()
 
 
 def _overlaps(boxes: list[dict[str, float]]) -> list[tuple[int, int]]:
@@ -199,10 +199,16 @@ def test_compare_groups_charts_keeps_constant_series_flat_and_ticks_readable(
             [("train/reward_mean", s, level) for s in steps]  # constant
             + [("train/kl", s, 0.01 + (s % 700) / 1e5) for s in steps]
             + [("loss/value", s, 3e-6 * (1 + s / 20_000)) for s in steps]  # micro-scale values
-            + [("custom/x", s, s / 1000) for s in steps],
+            + [("custom/x", s, s / 1000) for s in steps]
+            + [(f"extra/m{i:02d}", s, i) for i in range(30) for s in (0, 1, 2)],  # a long page
         )
     login(page, asgi_server.url, researcher.username, password_of(researcher))
     page.goto(f"{asgi_server.url}/compare/?ids={a.pk},{b.pk}")
+    # Charts are drawn as they come near the screen: the top one now, the last one once scrolled to.
+    page.locator("#charts .chart").first.locator(".main-svg").first.wait_for()
+    page.wait_for_function("() => document.getElementById('charts').dataset.loaded === '1'")
+    last = page.locator("#charts .chart").last
+    assert last.get_attribute("data-key") == "extra/m29" and last.locator(".main-svg").count() == 0
     _drawn(page, "#charts .chart")
     groups = page.evaluate(
         "() => Array.from(document.querySelectorAll('#charts .chart-group')).map((g) =>"
@@ -212,7 +218,7 @@ def test_compare_groups_charts_keeps_constant_series_flat_and_ticks_readable(
         ["reward", ["train/reward_mean"]],
         ["kl", ["train/kl"]],
         ["loss", ["loss/value"]],
-        ["other", ["custom/x"]],
+        ["other", ["custom/x"] + [f"extra/m{i:02d}" for i in range(30)]],
     ]
     reward = "document.querySelector('.chart[data-key=\"train/reward_mean\"]')"
     # Every curve of every run is in its chart: a raw trace and its EMA per run.

@@ -46,6 +46,14 @@
       this.pending = false;
       this.plotted = false;
       this.ignoreRelayout = false;
+      // lazy: draw only once show() is called (the compare page calls it when the chart scrolls
+      // into view, so a page of 40 metric charts draws the few on screen first).
+      this.visible = !(opts && opts.lazy);
+    }
+    show() {
+      if (this.visible) return;
+      this.visible = true;
+      this.schedule();
     }
     _get(name) {
       let s = this.series.get(name);
@@ -79,7 +87,7 @@
     }
     setAlpha(alpha) { this.alpha = alpha; this.schedule(); }
     schedule() {
-      if (this.pending) return;
+      if (this.pending || !this.visible) return;
       this.pending = true;
       const run = () => { this.pending = false; this.render(); };
       if (global.requestAnimationFrame && !document.hidden) global.requestAnimationFrame(run);

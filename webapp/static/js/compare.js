@@ -13,10 +13,22 @@
   let alpha = slider ? parseFloat(slider.value) : 0;
   const label = (run) => "#" + run.id + " " + run.name;
 
+  // Charts are drawn when they come near the screen: 40 metrics × 12 runs would otherwise all be
+  // drawn before the first one shows (and charts in a folded group have no size to draw at).
+  const observer = "IntersectionObserver" in window ? new IntersectionObserver((entries) => {
+    entries.forEach((e) => {
+      const chart = e.isIntersecting && charts.get(e.target.dataset.key);
+      if (chart) { chart.show(); observer.unobserve(e.target); }
+    });
+  }, { rootMargin: "300px 0px" }) : null;
+
   function makeChart(el) {
     const key = el.dataset.key;
-    const chart = new GC.ChartGroup(el, { title: key, alpha: alpha, onZoom: (c, x0, x1) => zoom(key, c, x0, x1) });
+    const chart = new GC.ChartGroup(el, {
+      title: key, alpha: alpha, lazy: observer !== null, onZoom: (c, x0, x1) => zoom(key, c, x0, x1),
+    });
     charts.set(key, chart);
+    if (observer) observer.observe(el);
     return chart;
   }
 
