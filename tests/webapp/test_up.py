@@ -6,6 +6,7 @@ and no process it started survives it. Files it creates are private to its user.
 from __future__ import annotations
 
 import http.cookiejar
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import psycopg
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -179,7 +182,21 @@ def test_up_restarts_killed_children_and_services_and_leaves_no_orphans(wait_for
         for log in (data_dir / "logs").iterdir():
             assert _mode(log) == 0o600, log
         assert "rename-command CONFIG" in (data_dir / "redis" / "redis.conf").read_text()
-        assert "grue_app" in (data_dir / "services.json").read_text()
+        # The children connect as a data-only role: it reads and writes rows, it cannot change the schema.
+        state = json.loads((data_dir / "services.json").read_text())
+        assert state["DATABASE_URL_APP"].startswith("postgres://grue_app:")
+        with psycopg.connect(state["DATABASE_URL_APP"], autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM auth_user").fetchone()[0] >= 1
+            assert not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[
+                0
+            ]
+            for ddl in (
+                "CREATE TABLE grue_probe (i int)",
+                "DROP TABLE auth_user",
+                "ALTER TABLE auth_user ADD x int",
+            ):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(ddl)
 
         # SIGKILL the worker: the web keeps answering, a new worker process comes up.
         worker = _child(proc, "celery")
