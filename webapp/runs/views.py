@@ -10,6 +10,7 @@ the annotation app by ``researcher_required``); every state change is a POST wit
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
@@ -537,7 +538,9 @@ def compare(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _by_group(items: list[Any], key_of: Any, row_of: Any) -> list[dict[str, Any]]:
+def _by_group(
+    items: list[Any], key_of: Callable[[Any], str], row_of: Callable[[Any], Any]
+) -> list[dict[str, Any]]:
     """Items sorted into the run page's chart groups (``metric_group``), in METRIC_GROUPS order; empty
     groups left out: ``[{"id", "title", "rows": [row_of(item), ...]}]``."""
     groups = {g["id"]: {"id": g["id"], "title": g["title"], "rows": []} for g in _chart_groups()}
