@@ -94,7 +94,36 @@ UNAVAILABLE_METRICS: dict[str, str] = {
 #: generation kwargs do not set one.
 HF_DEFAULT_TOP_K = 50
 
-ALGORITHM_IDS: dict[str, str] = {"ppo": "ppo", "nlpo": "nlpo", "supervised": "sft"}
+ALGORITHM_IDS: dict[str, str] = {
+    "ppo": "ppo",
+    "nlpo": "nlpo",
+    "a2c": "a2c",
+    "trpo": "trpo",
+    "supervised": "sft",
+}
+
+# SB3 / SB3-contrib defaults of RL4LMs's A2C and TRPO where they differ from ours; an imported config
+# that leaves them out gets RL4LMs's value. (PPO's learning rate etc. are always given by RL4LMs configs.)
+ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
+    "a2c": {"learning_rate": 7e-4, "gae_lambda": 1.0, "whiten_advantages": False},
+    "trpo": {"learning_rate": 1e-3, "gae_lambda": 0.95, "whiten_advantages": True},
+}
+TRPO_BATCH_SIZE = 128  # SB3-contrib's critic minibatch, in transitions
+# RL4LMs alg.args of TRPO -> algorithm.trpo fields (same names), with their types.
+TRPO_ARGS: dict[str, type] = {
+    "target_kl": float,
+    "cg_max_steps": int,
+    "cg_damping": float,
+    "line_search_shrinking_factor": float,
+    "line_search_max_iter": int,
+    "n_critic_updates": int,
+    "sub_sampling_factor": int,
+}
+# Arguments an algorithm's SB3 class does not take (RL4LMs would fail on them): noted and dropped.
+NOT_APPLICABLE_ARGS: dict[str, set[str]] = {
+    "a2c": {"n_epochs", "batch_size", "clip_range", "clip_range_vf", "target_kl"},
+    "trpo": {"n_epochs", "clip_range", "clip_range_vf", "ent_coef", "vf_coef", "max_grad_norm"},
+}
 
 # RL4LMs argument names -> ours, per "<kind>:<our id>". Everything else passes through if the
 # registered factory accepts it (checked by signature) and is reported otherwise.
@@ -408,7 +437,21 @@ class _Converter:
             value = self._sweep(raw, f"alg.args.{key}")
             if key in QUIET_ALG_ARGS or key == "n_steps":
                 continue
-            if key == "batch_size":
+            if key in NOT_APPLICABLE_ARGS.get(our_alg, ()):
+                self.note(f"alg.args.{key}", f"RL4LMs's {our_alg} takes no such argument; ignored")
+            elif our_alg == "trpo" and key in TRPO_ARGS:
+                # target_kl here is TRPO's trust region, not PPO's early stop
+                algo.setdefault("trpo", {})[key] = TRPO_ARGS[key](value)
+            elif our_alg == "a2c" and key == "rms_prop_eps":
+                algo.setdefault("a2c", {})["rms_prop_eps"] = float(value)
+            elif our_alg == "a2c" and key == "use_rms_prop":
+                algo.setdefault("a2c", {})["optimizer"] = "rmsprop" if value else "adamw"
+            elif key in ("use_sde", "sde_sample_freq") and our_alg in ("a2c", "trpo"):
+                if value not in (False, -1, None):
+                    self.note(
+                        f"alg.args.{key}", "state-dependent exploration is for continuous actions; ignored"
+                    )
+            elif key == "batch_size":
                 # RL4LMs minibatches count token transitions; ours count episodes.
                 algo["minibatch_size"] = max(1, math.ceil(int(value) / max(1, episode)))
                 self.note(
@@ -434,6 +477,10 @@ class _Converter:
                 self.section("model")["device"] = str(value)
             else:
                 self.note(f"alg.args.{key}", "unknown algorithm option; ignored")
+        for key, value in ALGORITHM_DEFAULTS.get(our_alg, {}).items():
+            algo.setdefault(key, value)
+        if our_alg == "trpo" and "minibatch_size" not in algo:
+            algo["minibatch_size"] = max(1, math.ceil(TRPO_BATCH_SIZE / max(1, episode)))
         kl_div = alg.get("kl_div") or {}
         kl = self.section("kl")
         if "coeff" in kl_div:

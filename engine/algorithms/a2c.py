@@ -80,7 +80,8 @@ class A2C(Algorithm):
         device = batch.gen_ids.device
         n_tokens = batch.gen_mask.sum().clamp(min=1.0)
         sums: dict[str, float] = {}
-        policy.train()
+        was_training = policy.training
+        policy.eval()  # dropout off, as in RL4LMs (its policy is never switched to train mode)
         optimizer.zero_grad(set_to_none=True)
         for idx in torch.arange(len(batch), device=device).split(cfg.minibatch_size):
             inputs, tsl, support = _trim(batch, idx)
@@ -120,6 +121,7 @@ class A2C(Algorithm):
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        policy.train(was_training)
         sums["policy/grad_norm"] = float(gnorm)
         sums["policy/n_updates"] = 1.0
         return {k: (v if math.isfinite(v) else float("nan")) for k, v in sums.items()}

