@@ -195,8 +195,10 @@ def test_access_requires_researcher(client, annotator, nobody, admin, db):
     assert client.get("/grue/").status_code == 200
 
 
-def test_real_engine_runs_land_on_the_board(researcher_client, tmp_path, db):
-    """engine.train with the platform's DbSink (no mocks): the final evaluation reaches the right cells."""
+@pytest.mark.django_db(transaction=True)
+def test_real_engine_runs_land_on_the_board(researcher_client, tmp_path):
+    """engine.train with the platform's recorder (no mocks): the final evaluation reaches the right cells.
+    The recorder stores from its own thread and connection, so the runs must be committed."""
     from pathlib import Path
 
     from django.conf import settings
