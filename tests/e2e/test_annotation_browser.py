@@ -198,6 +198,10 @@ def test_researcher_runs_a_blind_comparison_in_the_browser(
     vpage.wait_for_url(re.compile(rf".*/annotate/c/{camp.pk}/$"))
     assert "#" not in vpage.url and invite_url.split("#")[1] not in vpage.url
     visitor.close()
+    # The server's access log (daphne) saw the join page, never the token.
+    log = live_server_with_worker.log()
+    assert '"GET /annotate/join/"' in log and '"POST /annotate/join/"' in log
+    assert invite_url.split("#")[1] not in log
     # Two more join through a link with two uses (service calls stand in for their browsers).
     token = invites.create_invite(camp, researcher, max_uses=2).token
     raters = [User.objects.get(username="r0")] + [make_user(f"r{i}", group=None) for i in (1, 2)]
