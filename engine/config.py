@@ -230,10 +230,91 @@ class TRPOConfig(Strict):
     )
 
 
+class GroupConfig(Strict):
+    """Critic-free group algorithms (GRPO, RLOO, REINFORCE++): G completions per prompt, no value head."""
+
+    group_size: int = Field(
+        4,
+        ge=1,
+        description=(
+            "G: completions sampled per prompt (each prompt of train.prompts_per_iter is repeated G times, "
+            "so an iteration has prompts_per_iter * G episodes). GRPO, RLOO and reinforce_pp_baseline "
+            "need G >= 2; reinforce_pp uses no group and may take 1."
+        ),
+    )
+    beta: float = Field(
+        0.04,
+        ge=0,
+        description=(
+            "KL coefficient to the reference model (replaces the kl section for these algorithms). GRPO: "
+            "weight of the KL loss term; RLOO: beta * sum_t KL_t is taken from each episode's reward; "
+            "REINFORCE++: -beta * KL_t is each token's reward. 0: no KL and no reference model loaded."
+        ),
+    )
+    kl_estimator: Literal["k1", "k3"] | None = Field(
+        None,
+        description=(
+            "Per-token KL estimator on the sampled tokens' log-probs; empty: the algorithm's own (GRPO: "
+            "'k3' = (r - 1) - log r, r = pi_ref / pi, as TRL; RLOO and REINFORCE++: 'k1' = log pi - log "
+            "pi_ref, as TRL's RLOO and OpenRLHF)."
+        ),
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description=(
+            "GRPO: divide (r - group mean) by the group's std ('group', the original GRPO), by the whole "
+            "batch's std ('batch'), or not at all ('none', Dr. GRPO). A group of equal rewards gets 0."
+        ),
+    )
+    loss_aggregation: Literal["token_mean", "sequence_mean"] = Field(
+        "token_mean",
+        description=(
+            "How per-token losses become one loss: 'token_mean' over every token of the optimizer step "
+            "(DAPO, TRL's default), or 'sequence_mean': each episode's token mean, averaged over episodes "
+            "(the original GRPO; short episodes weigh more per token)."
+        ),
+    )
+
+
+class DPOConfig(Strict):
+    """Direct preference optimisation from (prompt, chosen, rejected) pairs (id 'dpo' only)."""
+
+    beta: float = Field(
+        0.1,
+        gt=0,
+        description=(
+            "beta: strength of the implicit KL to the reference (larger = stay closer). Implicit reward of a "
+            "response = beta * (log pi(y|x) - log pi_ref(y|x))."
+        ),
+    )
+    loss_type: Literal["sigmoid", "ipo"] = Field(
+        "sigmoid",
+        description=(
+            "'sigmoid': DPO, -log sigmoid(beta * h) with h = (log-ratio of chosen) - (log-ratio of rejected), "
+            "summed token log-probs; 'ipo': IPO, (h - 1 / (2 beta))^2 on per-token mean log-probs (as TRL)."
+        ),
+    )
+    label_smoothing: float = Field(
+        0.0,
+        ge=0,
+        lt=0.5,
+        description="sigmoid only: assumed share of flipped labels (conservative DPO); 0 = plain DPO.",
+    )
+    max_response_length: int = Field(
+        128, ge=1, description="Chosen and rejected responses are truncated to this many tokens (plus EOS)."
+    )
+
+
 # RL4LMs defaults that differ between algorithms, applied when a config names the algorithm and
 # leaves the field out (YAML, CLI, API). The launch form shows every field, so it shows them as set.
 ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
     "a2c": {"gae_lambda": 1.0, "whiten_advantages": False},
+    # Critic-free group algorithms: one pass over each generation batch and gradient norm 1.0 (TRL's
+    # GRPOTrainer / RLOOTrainer, OpenRLHF); REINFORCE++ returns are undiscounted (OpenRLHF's gamma 1).
+    "grpo": {"n_epochs": 1, "max_grad_norm": 1.0},
+    "rloo": {"n_epochs": 1, "max_grad_norm": 1.0},
+    "reinforce_pp": {"n_epochs": 1, "max_grad_norm": 1.0, "gamma": 1.0},
+    "reinforce_pp_baseline": {"n_epochs": 1, "max_grad_norm": 1.0, "gamma": 1.0},
 }
 
 
@@ -241,8 +322,10 @@ class AlgorithmConfig(Strict):
     id: str = Field(
         "ppo",
         description=(
-            "Registered algorithm id: 'ppo', 'nlpo', 'a2c', 'trpo' (RL) or 'sft' (supervised only). For 'a2c' "
-            "a config that omits gae_lambda / whiten_advantages gets RL4LMs's A2C values (1.0, false)."
+            "Registered algorithm id: 'ppo', 'nlpo', 'a2c', 'trpo', critic-free 'grpo', 'rloo', 'reinforce_pp', "
+            "'reinforce_pp_baseline' (RL) or 'sft' (supervised only). For 'a2c' a config that omits "
+            "gae_lambda / whiten_advantages gets RL4LMs's A2C values (1.0, false); the critic-free ones get "
+            "n_epochs 1 and max_grad_norm 1.0 (REINFORCE++: gamma 1.0) unless set."
         ),
     )
     learning_rate: float = Field(
@@ -281,6 +364,14 @@ class AlgorithmConfig(Strict):
     a2c: A2CConfig = Field(default_factory=A2CConfig, description="A2C optimizer settings (id 'a2c' only).")
     trpo: TRPOConfig = Field(
         default_factory=TRPOConfig, description="TRPO trust region and critic settings (id 'trpo' only)."
+    )
+    group: GroupConfig = Field(
+        default_factory=GroupConfig,
+        description="Group size, KL and loss settings of 'grpo', 'rloo', 'reinforce_pp', 'reinforce_pp_baseline'.",
+    )
+    dpo: DPOConfig = Field(
+        default_factory=DPOConfig,
+        description="DPO / IPO settings (id 'dpo' only; data: a preference_pairs task).",
     )
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Arguments for user-registered algorithms."

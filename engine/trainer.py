@@ -268,8 +268,8 @@ class Trainer:
     def _setup_reference(self) -> None:
         from engine.models.loading import load_lm, resolve_model_path
 
-        if self.ref_lm is not None:
-            return
+        if self.ref_lm is not None or not getattr(self.algo, "needs_reference", True):
+            return  # critic-free algorithms with beta 0 never load a reference
         if self.ref_path:
             self.ref_lm = self.frozen_copy(load_lm(resolve_model_path(self.ref_path), self.kind)).to(
                 self.device
@@ -452,6 +452,9 @@ class Trainer:
         gen = torch.Generator(device=self.device).manual_seed(_mix(cfg.train.seed, it, 1))
         timings: dict[str, float] = {}
         samples = self._prompts_for(it)
+        group_size = getattr(self.algo, "group_size", 1)  # GRPO/RLOO: G consecutive copies of each prompt
+        if group_size > 1:
+            samples = [s for s in samples for _ in range(group_size)]
         batch = collect(
             self.policy,
             self.ref_lm,
@@ -478,9 +481,14 @@ class Trainer:
         rewards, kl = kl_penalty_rewards(task_r, batch.kl, mask, beta)
         seq_kl = kl.sum(1)
         token_kl = float(masked_mean(kl, mask))
-        adv, ret = gae(rewards, batch.values, mask, cfg.algorithm.gamma, cfg.algorithm.gae_lambda)
-        if cfg.algorithm.whiten_advantages:
-            adv = whiten(adv, mask)
+        critic_free = getattr(self.algo, "advantages", None)  # GRPO, RLOO, REINFORCE++: no value, no GAE
+        if critic_free is not None:
+            adv, rewards = critic_free(task_r, batch)
+            ret = adv
+        else:
+            adv, ret = gae(rewards, batch.values, mask, cfg.algorithm.gamma, cfg.algorithm.gae_lambda)
+            if cfg.algorithm.whiten_advantages:
+                adv = whiten(adv, mask)
         t_update = time.perf_counter()
         shuffle = torch.Generator().manual_seed(_mix(cfg.train.seed, it, 2))
         stats = self.algo.update(
@@ -511,7 +519,9 @@ class Trainer:
             "train/episode_length": float(lengths.mean()),
             "train/shaped_return": float(rewards.sum(1).mean()),
             "value/mean": float(masked_mean(batch.values, mask)),
-            "value/explained_var": explained_variance(batch.values, ret, mask),
+            "value/explained_var": (
+                explained_variance(batch.values, ret, mask) if critic_free is None else float("nan")
+            ),
             **stats,
             "time/generate_s": timings.get("generate", 0.0),
             "time/score_s": timings.get("score", 0.0),
@@ -541,7 +551,8 @@ class Trainer:
 
         cfg = self.cfg
         self.events.run_started(cfg.to_dict(), str(self.run_dir))
-        if self.wants_rl and not self.ref_path and not self.wants_sft:
+        needs_ref = getattr(self.algo, "needs_reference", True)
+        if self.wants_rl and not self.ref_path and not self.wants_sft and needs_ref:
             # The reference is the initial model: copy it before a checkpoint overwrites the policy.
             self.ref_lm = self.frozen_copy(self.policy.lm)
         resume_state = None
@@ -586,7 +597,8 @@ class Trainer:
                 if self.should_stop():
                     stopped = True
                     break
-                self.history.append(self.rl_iteration())
+                offline = getattr(self.algo, "offline_iteration", None)  # DPO: no rollout
+                self.history.append(offline(self) if offline is not None else self.rl_iteration())
                 done = self.iteration - start_it
                 eta = (time.perf_counter() - t_start) / done * (total - self.iteration)
                 self.events.progress(self.iteration, total, eta, "rl")
