@@ -100,11 +100,6 @@ def with_db_retry(
     raise AssertionError("unreachable")
 
 
-def _with_db_retry(fn: Callable[[], Any], attempts: int | None = None) -> Any:
-    """The old name (``tasks.py`` still imports it)."""
-    return with_db_retry(fn)
-
-
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
