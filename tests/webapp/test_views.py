@@ -125,7 +125,8 @@ def test_launch_page_renders_every_schema_field_with_help(researcher_client: Cli
     html = r.content.decode()
     for spec in schema_fields():
         assert f'name="{spec.name}"' in html, spec.path
-    assert "Adam learning rate." in html  # help text from the field description
+    # help text from the field description, escaped as the template does
+    assert "Learning rate (AdamW; A2C: its optimizer; TRPO: the critic only)." in html
     assert 'id="section-algorithm"' in html and 'data-group="algorithm.nlpo"' in html
     assert 'name="csrfmiddlewaretoken"' in html
 
