@@ -51,6 +51,9 @@ ALGORITHMS = ("zero_shot", "supervised", "ppo", "nlpo", "supervised_ppo", "super
 # table has none), so ALGORITHMS stays the grid and PRESET_ALGORITHMS is what each task file expands to.
 EXTRA_ALGORITHMS = ("a2c", "trpo")
 PRESET_ALGORITHMS = ALGORITHMS + EXTRA_ALGORITHMS
+# Critic-free group algorithms: presets only for task files with a ``group`` section (its settings, e.g.
+# group size and beta, merge over ``rl``), outside the GRUE grid.
+GROUP_ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 ALGORITHM_LABELS = {
     "zero_shot": "Zero-shot",
     "supervised": "Supervised",
@@ -60,6 +63,10 @@ ALGORITHM_LABELS = {
     "supervised_nlpo": "Supervised + NLPO",
     "a2c": "A2C",
     "trpo": "TRPO",
+    "grpo": "GRPO",
+    "rloo": "RLOO",
+    "reinforce_pp": "REINFORCE++",
+    "reinforce_pp_baseline": "REINFORCE++ (group baseline)",
 }
 # RL4LMs's A2C (SB3) differs from its PPO in these shared fields; the a2c section (A2CConfig) already
 # defaults to its RMSprop. TRPO's own settings (trust region, CG, critic epochs) are TRPOConfig's defaults.
@@ -180,6 +187,8 @@ def _chain(spec: dict[str, Any], algorithm: str) -> list[dict[str, Any] | None]:
         return [rl, A2C_RECIPE, spec.get("a2c"), algs.get("a2c")]
     if algorithm == "trpo":
         return [rl, TRPO_RECIPE, spec.get("trpo"), algs.get("trpo")]
+    if algorithm in GROUP_ALGORITHMS and "group" in spec:
+        return [rl, {"algorithm": {"id": algorithm}}, spec["group"], algs.get(algorithm)]
     sft_rl = {k: v for k, v in (sft or {}).items() if k != "task"}
     if algorithm == "supervised_ppo":
         return [*_chain(spec, "ppo"), sft_rl, SFT_ON, algs.get("supervised_ppo")]
@@ -216,7 +225,8 @@ def _index() -> dict[str, tuple[str, str, str]]:
         for variant in spec["variants"]:
             if variant not in VARIANTS:
                 raise PresetError(f"{PRESET_DIR / stem}.yaml: unknown variant {variant!r}; one of {VARIANTS}")
-            for algorithm in spec.get("algorithm_list", PRESET_ALGORITHMS):
+            group = GROUP_ALGORITHMS if "group" in spec else ()
+            for algorithm in (*spec.get("algorithm_list", PRESET_ALGORITHMS), *group):
                 name = preset_name(spec, stem, variant, algorithm)
                 if name in out:
                     raise PresetError(f"duplicate preset name {name!r} ({stem}.yaml and {out[name][0]}.yaml)")
