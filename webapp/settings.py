@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "webapp.runs",
     "annotation",
     "webapp.grue",
+    "webapp.api",
 ]
 
 MIDDLEWARE = [

@@ -48,5 +48,6 @@ urlpatterns = [
     re_path(r"^static/(?P<path>.+)$", static_file, name="static_file"),
     path("annotate/", include("annotation.urls")),
     path("grue/", include("webapp.grue.urls")),
+    path("", include("webapp.api.urls")),
     path("", include("webapp.runs.urls")),
 ]

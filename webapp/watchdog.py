@@ -39,6 +39,8 @@ def auto_resume_lost_runs(limit: int | None = None) -> list[int]:
     limit = int(settings.GRUE_AUTO_RESUME_LIMIT if limit is None else limit)
     resumed: list[int] = []
     candidates = Run.objects.filter(status=RunStatus.LOST, auto_resumes__lt=limit, checkpoints__isnull=False)
+    # A remote run (webapp.api) trains on its client's machine: no local worker can resume it.
+    candidates = candidates.exclude(worker_host__startswith=lifecycle.REMOTE_PREFIX)
     for run_id in candidates.values_list("pk", flat=True).distinct():
         try:
             with transaction.atomic():

@@ -28,7 +28,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q, TextField
+from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -234,6 +234,35 @@ def claim(run_id: int, *, task_id: str | None, worker: str, pid: int | None = No
             current[0] if current else "missing",
             current[1] if current else "-",
         )
+        return None
+    run = Run.objects.get(pk=run_id)
+    broadcast(run_id, status_message(run))
+    return run
+
+
+REMOTE_PREFIX = "remote:"
+
+
+def is_remote(run: Run) -> bool:
+    """A run trained on another machine and streamed in through the API (``webapp.api``)."""
+    return run.worker_host.startswith(REMOTE_PREFIX)
+
+
+def start_remote(run_id: int, host: str) -> Run | None:
+    """draft → running for a run that a client trains elsewhere and streams in (``webapp.api``);
+    ``worker_host`` becomes ``remote:<host>``. None when the run is not a draft (already started)."""
+    now = timezone.now()
+    started = Run.objects.filter(pk=run_id, status=RunStatus.DRAFT).update(
+        status=RunStatus.RUNNING,
+        started_at=now,
+        heartbeat_at=now,
+        worker_host=(REMOTE_PREFIX + host)[:200],
+        worker_pid=None,
+        progress=0.0,
+        finished_at=None,
+        attempts=F("attempts") + 1,
+    )
+    if not started:
         return None
     run = Run.objects.get(pk=run_id)
     broadcast(run_id, status_message(run))

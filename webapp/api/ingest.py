@@ -1,0 +1,227 @@
+"""Storing a remote run's event batches exactly as the worker's recorder stores its flushes.
+
+Why a subclass of the recorder: a run streamed from another machine must look exactly like a worker's
+run — the same rows (points with their rollup, keyed log lines including the per-iteration and
+evaluation lines, samples replacing a re-executed step, checkpoints, progress and heartbeat, summary)
+and the same live message (one ``protocol.batch_message`` per batch, in event order). ``BatchRecorder``
+is the worker's ``Recorder`` whose queue is a list: the API feeds it the events of one batch through
+the same sink methods the engine calls, then stores them in one transaction with the recorder's own
+``_store_once`` together with the batch id (``ApiBatch``), and broadcasts after the commit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from webapp.api.auth import ApiError
+from webapp.api.models import ApiBatch
+from webapp.runs import protocol
+from webapp.runs.broadcast import broadcast
+from webapp.runs.recorder import Recorder, _Barrier, _Event, _jsonable
+
+EVENT_TYPES = ("run_started", "progress", "metrics", "samples", "checkpoint", "log", "finished", "failed")
+MAX_EVENTS = 5000
+MAX_POINTS = 50_000
+MAX_SAMPLE_ROWS = 2000
+
+
+class BatchRecorder(Recorder):
+    """A ``Recorder`` that collects events instead of queueing them for a thread (see module doc)."""
+
+    def __init__(self, run_id: int, host: str):
+        super().__init__(run_id, broadcast_enabled=False)
+        self.host = host
+        self.events: list[_Event] = []
+        self._event_time: datetime | None = None
+
+    def _put(self, item: _Event | _Barrier) -> None:
+        if isinstance(item, _Event):
+            if self._event_time is not None:
+                item.time = self._event_time
+            self.events.append(item)
+
+    def at(self, when: datetime | None) -> None:
+        """The client's time of the next events (points keep when they happened, not when they arrived)."""
+        self._event_time = when
+
+    def run_started(self, config: dict[str, Any], run_dir: str | None = None) -> None:
+        # The run directory is on the client's machine: it is named in the log, never recorded as a
+        # directory of this server (delete and resume must not touch a local path of that name).
+        algo = (config.get("algorithm") or {}).get("id")
+        model = (config.get("model") or {}).get("name_or_path")
+        task = (config.get("task") or {}).get("id")
+        self.log(f"started on {self.host} (remote): {algo} on {model}, task {task}; run dir {run_dir or '-'}")
+
+    def log_keyed(self, message: str, key: str | None) -> None:
+        if not key:
+            self.log(message)
+            return
+        lines = [ln for ln in str(message).splitlines() if ln.strip()] or [str(message)]
+        keys = [f"api:{key}"[:64]] if len(lines) == 1 else [f"api:{key}:{i}"[:64] for i in range(len(lines))]
+        self._log(lines, keys)
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        self._event("finished", summary=_jsonable(summary))
+        self.log(f"finished after {summary.get('iterations', '?')} iterations")
+
+    def failed(self, error: str, traceback: str) -> None:
+        self._event("failed", error=str(error)[:10000], traceback=str(traceback))
+        self.log(f"failed: {error}")
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ApiError(400, "must be an integer", field)
+    if abs(value) > 2**62:
+        raise ApiError(400, "out of range", field)
+    return value
+
+
+def _str(value: Any, field: str, *, max_len: int = 10_000, required: bool = True) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise ApiError(400, "must be a string", field)
+    if len(value) > max_len:
+        raise ApiError(400, f"longer than {max_len} characters", field)
+    return value
+
+
+def _number(value: Any, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if value in ("NaN", "Infinity", "-Infinity"):
+            return float(value)  # JSON has no NaN: clients may send these strings
+        raise ApiError(400, "must be a number or null", field)
+    return float(value)
+
+
+def _time(value: Any, field: str) -> datetime | None:
+    if value is None:
+        return None
+    parsed = parse_datetime(value) if isinstance(value, str) else None
+    if parsed is None:
+        raise ApiError(400, "must be an ISO 8601 timestamp", field)
+    if timezone.is_naive(parsed):
+        parsed = timezone.make_aware(parsed, timezone.utc)
+    return parsed
+
+
+@dataclass
+class BatchResult:
+    duplicate: bool
+    events: int
+    points: int
+
+
+def feed(rec: BatchRecorder, events: Any) -> int:
+    """Validate every event and feed it to ``rec`` through the sink methods; returns the point count.
+    Nothing is stored if any event is invalid (the error names ``events[i].field``)."""
+    if not isinstance(events, list):
+        raise ApiError(400, "must be a list of events", "events")
+    if len(events) > MAX_EVENTS:
+        raise ApiError(413, f"at most {MAX_EVENTS} events per batch", "events")
+    points = 0
+    for i, ev in enumerate(events):
+        where = f"events[{i}]"
+        if not isinstance(ev, dict):
+            raise ApiError(400, "must be an object", where)
+        kind = ev.get("type")
+        if kind not in EVENT_TYPES:
+            raise ApiError(
+                400, f"unknown event type {kind!r}; one of {', '.join(EVENT_TYPES)}", f"{where}.type"
+            )
+        rec.at(_time(ev.get("time"), f"{where}.time"))
+        if kind == "metrics":
+            values = ev.get("values")
+            if not isinstance(values, dict):
+                raise ApiError(400, "must be an object {key: number}", f"{where}.values")
+            clean = {}
+            for k, v in values.items():
+                if not k or len(k) > 200:
+                    raise ApiError(400, "metric keys are 1 to 200 characters", f"{where}.values")
+                clean[k] = _number(v, f"{where}.values.{k}")
+            points += len(clean)
+            if points > MAX_POINTS:
+                raise ApiError(413, f"at most {MAX_POINTS} metric points per batch", f"{where}.values")
+            rec.metrics(_int(ev.get("step"), f"{where}.step"), clean)
+        elif kind == "progress":
+            eta = _number(ev.get("eta_seconds"), f"{where}.eta_seconds")
+            rec.progress(
+                _int(ev.get("iteration"), f"{where}.iteration"),
+                _int(ev.get("total"), f"{where}.total"),
+                None if eta is None or not math.isfinite(eta) else eta,
+                _str(ev.get("phase", "rl"), f"{where}.phase", max_len=32),
+            )
+        elif kind == "samples":
+            rows = ev.get("rows")
+            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+                raise ApiError(400, "must be a list of objects", f"{where}.rows")
+            if len(rows) > MAX_SAMPLE_ROWS:
+                raise ApiError(413, f"at most {MAX_SAMPLE_ROWS} samples per event", f"{where}.rows")
+            for j, r in enumerate(rows):
+                for name in ("prompt", "generation"):
+                    _str(r.get(name, ""), f"{where}.rows[{j}].{name}", max_len=100_000)
+            rec.samples(
+                _int(ev.get("step"), f"{where}.step"),
+                _str(ev.get("split", "train"), f"{where}.split", max_len=32),
+                rows,
+            )
+        elif kind == "checkpoint":
+            rec.checkpoint(
+                _int(ev.get("step"), f"{where}.step"), _str(ev.get("path"), f"{where}.path", max_len=1000)
+            )
+        elif kind == "log":
+            rec.log_keyed(
+                _str(ev.get("message"), f"{where}.message"),
+                _str(ev.get("key"), f"{where}.key", max_len=56, required=False),
+            )
+        elif kind == "run_started":
+            config = ev.get("config") or {}
+            if not isinstance(config, dict):
+                raise ApiError(400, "must be an object", f"{where}.config")
+            rec.run_started(config, _str(ev.get("run_dir"), f"{where}.run_dir", max_len=1000, required=False))
+        elif kind == "finished":
+            summary = ev.get("summary") or {}
+            if not isinstance(summary, dict):
+                raise ApiError(400, "must be an object", f"{where}.summary")
+            rec.finished(summary)
+        elif kind == "failed":
+            rec.failed(
+                _str(ev.get("error"), f"{where}.error"),
+                _str(ev.get("traceback", ""), f"{where}.traceback", max_len=200_000),
+            )
+    return points
+
+
+def store_batch(run_id: int, batch_id: str, events: Any, host: str) -> BatchResult:
+    """Store one batch once: a batch id the run already has stores nothing and answers ``duplicate``."""
+    batch_id = _str(batch_id, "batch_id", max_len=64)
+    if not batch_id.strip():
+        raise ApiError(400, "a non-empty client batch id is required (re-sends must repeat it)", "batch_id")
+    rec = BatchRecorder(run_id, host)
+    points = feed(rec, events)
+    if ApiBatch.objects.filter(run_id=run_id, batch_id=batch_id).exists():
+        return BatchResult(True, len(events), points)
+    try:
+        with transaction.atomic():
+            ApiBatch.objects.create(run_id=run_id, batch_id=batch_id, events=len(events))
+            messages = rec._store_once(rec.events) if rec.events else []
+    except IntegrityError:  # the same batch, sent twice at once: the other request stored it
+        return BatchResult(True, len(events), points)
+    if messages:
+        broadcast(run_id, messages[0] if len(messages) == 1 else protocol.batch_message(messages))
+    return BatchResult(False, len(events), points)

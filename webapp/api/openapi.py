@@ -1,0 +1,210 @@
+"""The OpenAPI 3 description of ``/api/v1/``, written next to the views it describes (served at
+``/api/v1/openapi.json``). ``tests/webapp/test_api.py`` checks that every API route is described and
+that every described path is routed, so the two cannot drift apart silently."""
+
+from __future__ import annotations
+
+from typing import Any
+
+VERSION = "1.0.0"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_ERRORS = {
+    "400": _json(_ref("Error"), "invalid input; `field` names it"),
+    "401": _json(_ref("Error"), "no, unknown or revoked token"),
+    "403": _json(_ref("Error"), "not a researcher, not the run's creator, or CSRF failure (session)"),
+    "404": _json(_ref("Error"), "no such run or campaign"),
+}
+_WRITE_ERRORS = {
+    **_ERRORS,
+    "409": _json(_ref("Error"), "the run is in the wrong state for this request"),
+    "413": _json(_ref("Error"), "body or batch over the limits"),
+    "415": _json(_ref("Error"), "body is not application/json"),
+    "429": _json(_ref("Error"), "rate limit; see Retry-After"),
+}
+
+
+def _id_param(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "integer"}}
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+EVENT = {
+    "type": "object",
+    "required": ["type"],
+    "description": "One engine event (the EventSink protocol). `time` (ISO 8601) is when it happened.",
+    "properties": {
+        "type": {
+            "type": "string",
+            "enum": [
+                "run_started",
+                "progress",
+                "metrics",
+                "samples",
+                "checkpoint",
+                "log",
+                "finished",
+                "failed",
+            ],
+        },
+        "time": {"type": "string", "format": "date-time"},
+        "step": {"type": "integer", "description": "metrics, samples, checkpoint"},
+        "values": {
+            "type": "object",
+            "additionalProperties": {"type": ["number", "null"]},
+            "description": "metrics",
+        },
+        "split": {"type": "string", "description": "samples"},
+        "rows": {"type": "array", "items": {"type": "object"}, "description": "samples"},
+        "path": {"type": "string", "description": "checkpoint (on the client's machine)"},
+        "message": {"type": "string", "description": "log"},
+        "key": {"type": "string", "description": "log: a key makes the line idempotent"},
+        "iteration": {"type": "integer"},
+        "total": {"type": "integer"},
+        "eta_seconds": {"type": ["number", "null"]},
+        "phase": {"type": "string"},
+        "config": {"type": "object", "description": "run_started"},
+        "run_dir": {"type": "string", "description": "run_started"},
+        "summary": {"type": "object", "description": "finished"},
+        "error": {"type": "string", "description": "failed"},
+        "traceback": {"type": "string", "description": "failed"},
+    },
+}
+
+
+def schema() -> dict[str, Any]:
+    """The OpenAPI document (a fresh dict each call)."""
+    bearer = [{"token": []}, {"session": []}]
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "GRUE Studio API",
+            "version": VERSION,
+            "description": "Runs from anywhere, metrics, campaigns. See docs/api.md.",
+        },
+        "servers": [{"url": "/api/v1"}],
+        "security": bearer,
+        "components": {
+            "securitySchemes": {
+                "token": {"type": "http", "scheme": "bearer", "description": "a token from /settings/tokens/"},
+                "session": {"type": "apiKey", "in": "cookie", "name": "sessionid", "description": "browser session; writes need X-CSRFToken"},
+            },
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {"error": {"type": "string"}, "field": {"type": "string"},
+                                   "errors": {"type": "array", "items": {"type": "object"}}},
+                },
+                "Run": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "integer"}, "name": {"type": "string"}, "status": {"type": "string"},
+                        "project": {"type": ["string", "null"]}, "algorithm": {"type": "string"},
+                        "task": {"type": "string"}, "model": {"type": "string"},
+                        "tags": {"type": "array", "items": {"type": "string"}}, "remote": {"type": "boolean"},
+                        "progress": {"type": "number"}, "current_iter": {"type": ["integer", "null"]},
+                        "total_iters": {"type": ["integer", "null"]}, "last_metrics": {"type": "object"},
+                        "config": {"type": "object"}, "summary": {"type": "object"}, "url": {"type": "string"},
+                    },
+                },
+                "Event": EVENT,
+                "Pair": {
+                    "type": "object",
+                    "properties": {"prompt": {"type": "string"}, "chosen": {"type": "string"},
+                                   "rejected": {"type": "string"}, "meta": {"type": "object"}},
+                },
+            },
+        },
+        "paths": {
+            "/openapi.json": {"get": {"summary": "this document", "responses": {"200": _json({"type": "object"})}}},
+            "/runs": {
+                "get": {
+                    "summary": "list runs, newest first",
+                    "parameters": [
+                        _query("status", {"type": "string"}, "only runs in this state"),
+                        _query("task", {"type": "string"}, "task id"),
+                        _query("algorithm", {"type": "string"}, "algorithm id"),
+                        _query("project", {"type": "string"}, "project name"),
+                        _query("tag", {"type": "string"}, "runs with this tag"),
+                        _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "page size (100)"),
+                        _query("offset", {"type": "integer", "minimum": 0}, "skip this many"),
+                    ],
+                    "responses": {"200": _json({"type": "object", "properties": {
+                        "count": {"type": "integer"}, "runs": {"type": "array", "items": _ref("Run")}}}), **_ERRORS},
+                },
+                "post": {
+                    "summary": "create a run: a draft to stream into (default) or, with launch, queued on the workers",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                        "type": "object", "required": ["config"],
+                        "properties": {"config": {"type": "object"}, "name": {"type": "string"},
+                                       "project": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+                                       "notes": {"type": "string"}, "launch": {"type": "boolean", "default": False}}}}}},
+                    "responses": {"201": _json(_ref("Run"), "created"), **_WRITE_ERRORS},
+                },
+            },
+            "/runs/{run_id}": {
+                "get": {"summary": "one run with its config and summary", "parameters": [_id_param("run_id")],
+                        "responses": {"200": _json(_ref("Run")), **_ERRORS}},
+            },
+            "/runs/{run_id}/events": {
+                "post": {
+                    "summary": "append a batch of events to a remote run (idempotent per batch_id)",
+                    "parameters": [_id_param("run_id")],
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                        "type": "object", "required": ["batch_id", "events"],
+                        "properties": {"batch_id": {"type": "string", "maxLength": 64},
+                                       "events": {"type": "array", "maxItems": 5000, "items": _ref("Event")}}}}}},
+                    "responses": {"200": _json({"type": "object", "properties": {
+                        "duplicate": {"type": "boolean"}, "events": {"type": "integer"},
+                        "points": {"type": "integer"}}}), **_WRITE_ERRORS},
+                },
+            },
+            "/runs/{run_id}/status": {
+                "post": {
+                    "summary": "start (draft → running) or end a remote run",
+                    "parameters": [_id_param("run_id")],
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                        "type": "object", "required": ["status"],
+                        "properties": {"status": {"type": "string", "enum": ["running", "succeeded", "failed", "cancelled"]},
+                                       "host": {"type": "string"}, "error": {"type": "string"},
+                                       "traceback": {"type": "string"}, "summary": {"type": "object"}}}}}},
+                    "responses": {"200": _json(_ref("Run")), **_WRITE_ERRORS},
+                },
+            },
+            "/runs/{run_id}/metrics": {
+                "get": {
+                    "summary": "every metric point of a run, per key in step order",
+                    "parameters": [_id_param("run_id"), _query("keys", {"type": "string"}, "comma-separated keys")],
+                    "responses": {"200": _json({"type": "object", "properties": {"series": {
+                        "type": "object", "additionalProperties": {"type": "object", "properties": {
+                            "steps": {"type": "array", "items": {"type": "integer"}},
+                            "values": {"type": "array", "items": {"type": ["number", "null"]}},
+                            "times": {"type": "array", "items": {"type": "string"}}}}}}}), **_ERRORS},
+                },
+            },
+            "/campaigns": {
+                "get": {"summary": "annotation campaigns", "responses": {"200": _json({"type": "object"}), **_ERRORS}},
+            },
+            "/campaigns/{campaign_id}/pairs": {
+                "get": {
+                    "summary": "decided pairwise judgments as preference pairs",
+                    "parameters": [_id_param("campaign_id"),
+                                   _query("include_gold", {"type": "boolean"}, "also gold (control) items")],
+                    "responses": {"200": _json({"type": "object", "properties": {
+                        "pairs": {"type": "array", "items": _ref("Pair")}}}), **_ERRORS},
+                },
+            },
+        },
+    }  # fmt: skip
