@@ -115,6 +115,21 @@ def generate_texts(
     return out
 
 
+def reward_details(
+    reward_fn: Any | None,
+    prompts: list[str],
+    generations: list[str],
+    references: list[list[str]],
+    meta: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Per-sample numbers a reward offers for the samples table (``sample_details``: e.g. the maths reward's
+    extracted answer, gold answer and verdict), or empty dicts; they join each row's ``metrics``."""
+    details = getattr(getattr(reward_fn, "inner", reward_fn), "sample_details", None)
+    if details is None:
+        return [{} for _ in generations]
+    return [dict(d) for d in details(prompts, generations, references, meta)]
+
+
 def score_generations(
     samples: list[Any],
     generations: list[str],
@@ -149,6 +164,7 @@ def score_generations(
             c, ps = compute_all(objs, prompts, generations, refs, meta)
             corpus.update({k: float(v) for k, v in c.items()})
             per_sample.update(ps)
+    extra = reward_details(reward_fn, prompts, generations, refs, meta)
     rows = []
     for i, s in enumerate(samples):
         row: dict[str, Any] = {
@@ -158,7 +174,7 @@ def score_generations(
             "references": list(s.references),
             "reward": rewards[i] if rewards is not None else None,
         }
-        m = {k: v[i] for k, v in per_sample.items() if v is not None and i < len(v)}
+        m = {**extra[i], **{k: v[i] for k, v in per_sample.items() if v is not None and i < len(v)}}
         if m:
             row["metrics"] = m
         rows.append(row)

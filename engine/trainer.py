@@ -532,6 +532,15 @@ class Trainer:
         self.events.metrics(self.iteration, metrics)
         n_log = min(cfg.train.log_samples, len(batch))
         if n_log:
+            from engine.evaluation import reward_details
+
+            extra = reward_details(
+                self.reward_fn,
+                batch.prompts[:n_log],
+                batch.generations[:n_log],
+                batch.references[:n_log],
+                batch.meta[:n_log],
+            )
             rows = [
                 {
                     "sample_id": batch.ids[i],
@@ -539,6 +548,7 @@ class Trainer:
                     "generation": batch.generations[i],
                     "references": batch.references[i],
                     "reward": float(scores[i]),
+                    **({"metrics": extra[i]} if extra[i] else {}),
                 }
                 for i in range(n_log)
             ]

@@ -127,6 +127,14 @@
     }
   }
 
+  // A row's per-sample scores, e.g. the maths reward's "extracted 18 · gold 18 · correct 1".
+  function detailText(metrics) {
+    return Object.entries(metrics || {}).map(([k, v]) => {
+      const num = typeof v === "number" && isFinite(v) ? (Number.isInteger(v) ? String(v) : String(+v.toFixed(4))) : "—";
+      return k + " " + num;
+    }).join(" · ");
+  }
+
   function addSamples(rows) {
     const body = document.getElementById("samples-body");
     rows.forEach((r) => {
@@ -135,7 +143,8 @@
       const tr = document.createElement("tr");
       tr.dataset.sampleId = r.id;
       [[String(r.step), "num"], [r.split || "", ""], [r.prompt || "", "prompt"],
-        [r.generation || "", "generation"], [GC.fmt(r.reward), "num"]].forEach(([text, cls]) => {
+        [r.generation || "", "generation"], [GC.fmt(r.reward), "num"],
+        [detailText(r.metrics), "details small"]].forEach(([text, cls]) => {
         const td = document.createElement("td");
         if (cls) td.className = cls;
         td.textContent = text; // model text: never innerHTML
