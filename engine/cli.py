@@ -86,8 +86,67 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = build_config(args.config, args.set, args.preset, args.resume)
     sink = None if args.quiet else ConsoleSink()
-    summary = engine.train(cfg, sink=sink, resume_from=args.resume)
+    remote = _remote_sink(args, cfg)
+    if remote is not None:
+        from engine.events import MultiSink
+
+        sink = MultiSink(sink, remote)
+    try:
+        summary = engine.train(cfg, sink=sink, resume_from=args.resume)
+    finally:
+        if remote is not None:
+            _close_remote(remote)
     print(json.dumps({k: v for k, v in summary.items() if k != "final_metrics"}, indent=2))
+    return 0
+
+
+def _remote_sink(args: argparse.Namespace, cfg: RunConfig) -> Any:
+    """``--report-to URL --token TOKEN`` (or GRUE_URL/GRUE_TOKEN): create the run on the dashboard and
+    stream into it (engine.remote). Fails before training if the server refuses the run or the token."""
+    import os
+
+    url = args.report_to or os.environ.get("GRUE_URL")
+    if not url:
+        return None
+    from engine.client import ApiError, Client
+    from engine.remote import RemoteSink, start_remote_run
+
+    try:
+        client = Client(url, args.token or os.environ.get("GRUE_TOKEN"))
+        run = start_remote_run(client, cfg.to_dict())
+    except (ValueError, ApiError) as exc:
+        raise CLIError(f"--report-to {url}: {exc}") from None
+    print(f"streaming to {client.url}{run['url']} (run #{run['id']})", file=sys.stderr)
+    return RemoteSink(client, run["id"])
+
+
+def _close_remote(remote: Any) -> None:
+    import os
+
+    left = remote.close(timeout=float(os.environ.get("GRUE_REMOTE_DRAIN_S", "600")))
+    if left:
+        print(
+            f"warning: {left} batch(es) not delivered to the dashboard yet; they are kept in the run "
+            "directory's remote/ outbox: send them with `python -m engine push RUN_DIR --report-to URL --token TOKEN`",
+            file=sys.stderr,
+        )
+    for line in remote.rejected:
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    import os
+
+    from engine.client import ApiError, Client
+    from engine.remote import push_outbox
+
+    try:
+        client = Client(args.report_to or os.environ.get("GRUE_URL"), args.token or os.environ.get("GRUE_TOKEN"))
+        done = push_outbox(client, args.run_dir)
+    except (ValueError, ApiError) as exc:
+        raise CLIError(str(exc)) from None
+    for run_id, (sent, dup) in done.items():
+        print(f"run #{run_id}: {sent} batch(es) stored, {dup} already there")
     return 0
 
 
@@ -221,7 +280,17 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run directory from its latest checkpoint")
     t.add_argument("--preset", metavar="NAME", help="start from a named preset (see `presets`)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument(
+        "--report-to", metavar="URL", help="stream the run into a GRUE Studio dashboard (env GRUE_URL); docs/api.md"
+    )
+    t.add_argument("--token", help="API token for --report-to (env GRUE_TOKEN; create one at /settings/tokens/)")
     t.set_defaults(func=cmd_train)
+
+    pu = sub.add_parser("push", help="send a streamed run's undelivered batches (its remote/ outbox)")
+    pu.add_argument("run_dir", metavar="RUN_DIR")
+    pu.add_argument("--report-to", metavar="URL", help="dashboard URL (env GRUE_URL)")
+    pu.add_argument("--token", help="API token (env GRUE_TOKEN)")
+    pu.set_defaults(func=cmd_push)
 
     e = sub.add_parser("eval", help="generate on a split and compute the config's metrics")
     e.add_argument("config", nargs="?", help="YAML config")

@@ -1,0 +1,312 @@
+"""The remote sink: stream a run trained on this machine into a GRUE Studio dashboard over its API.
+
+Why it never blocks training: every sink call only appends the event to an in-memory list and returns.
+A background thread seals what has accumulated into batches (at most ``batch_events`` events, every
+``max_delay`` seconds), writes each batch to an on-disk outbox in the run directory
+(``RUN_DIR/remote/outbox-<run id>.jsonl``) and sends the batches in order. When the network drops or the server
+is down, the thread keeps the batches (in memory and in the outbox) and re-sends them with exponential
+backoff (0.5 s doubling to 30 s); training goes on. Every batch carries a client batch id
+(``<run>-<nonce>-<seq>``) that the server stores in the same transaction as the batch's rows, so a
+batch whose reply was lost and is sent again is stored exactly once: nothing is lost or duplicated.
+
+The run's end (``succeeded`` / ``cancelled`` / ``failed``) is sent after every batch before it, so the
+dashboard never shows a finished run with missing points. ``close(timeout)`` waits for the outbox to
+drain; what could not be delivered stays in the outbox file (``acked-<run id>.json`` records how far the server
+confirmed), and ``python -m engine push RUN_DIR --report-to URL --token TOKEN`` sends the rest later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from engine.client import ApiError, Client
+from engine.events import NullSink
+
+
+def outbox_path(spool: Path, run_id: int) -> Path:
+    return spool / f"outbox-{run_id}.jsonl"
+
+
+def acked_path(spool: Path, run_id: int) -> Path:
+    return spool / f"acked-{run_id}.json"
+
+
+def _clean(obj: Any) -> Any:
+    """JSON without NaN/Infinity (sent as the strings the API accepts) and without numpy scalars."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "NaN"
+        if math.isinf(obj):
+            return "Infinity" if obj > 0 else "-Infinity"
+        return obj
+    try:
+        return _clean(float(obj))
+    except (TypeError, ValueError):
+        return str(obj)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class RemoteSink(NullSink):
+    """EventSink that streams to ``/api/v1/runs/<run_id>/events`` (see module doc)."""
+
+    def __init__(
+        self,
+        client: Client,
+        run_id: int,
+        *,
+        spool_dir: str | Path | None = None,
+        batch_events: int = 500,
+        max_delay: float = 0.5,
+        max_backoff: float = 30.0,
+        err: TextIO | None = None,
+    ):
+        self.client = client
+        self.run_id = int(run_id)
+        self.batch_events = batch_events
+        self.max_delay = max_delay
+        self.max_backoff = max_backoff
+        self.err = err or sys.stderr
+        self.sent = 0  # batches the server confirmed
+        self.retries = 0  # failed attempts (network, 429, 5xx)
+        self.rejected: list[str] = []  # batches the server refused (4xx): reported, not retried
+        self._nonce = uuid.uuid4().hex[:8]
+        self._seq = 0
+        self._log_seq = 0
+        self._pending: list[dict[str, Any]] = []
+        self._outbox: deque[dict[str, Any]] = deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._spool: Path | None = Path(spool_dir) if spool_dir else None
+        self._thread = threading.Thread(target=self._run, name=f"remote-sink-{run_id}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ trainer side (never blocks)
+    def _add(self, event: dict[str, Any]) -> None:
+        event.setdefault("time", _now())
+        with self._cond:
+            self._pending.append(event)
+            if len(self._pending) >= self.batch_events:
+                self._cond.notify()
+
+    def run_started(self, config: dict[str, Any], run_dir: str | None = None) -> None:
+        if run_dir and self._spool is None:
+            with self._cond:
+                self._spool = Path(run_dir) / "remote"
+        self._add({"type": "run_started", "config": _clean(config), "run_dir": str(run_dir or "")})
+
+    def progress(self, iteration: int, total: int, eta_seconds: float | None, phase: str = "rl") -> None:
+        eta = None if eta_seconds is None or not math.isfinite(float(eta_seconds)) else float(eta_seconds)
+        self._add(
+            {"type": "progress", "iteration": int(iteration), "total": int(total), "eta_seconds": eta,
+             "phase": str(phase)}
+        )  # fmt: skip
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self._add({"type": "metrics", "step": int(step), "values": _clean(values)})
+
+    def samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
+        self._add(
+            {"type": "samples", "step": int(step), "split": str(split or "train"), "rows": _clean(rows)}
+        )
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self._add({"type": "checkpoint", "step": int(step), "path": str(path)})
+
+    def log(self, message: str) -> None:
+        self._log_seq += 1
+        self._add({"type": "log", "message": str(message), "key": f"{self._nonce}:{self._log_seq}"})
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        self._add({"type": "finished", "summary": _clean(summary)})
+        status = "cancelled" if summary.get("stopped") else "succeeded"
+        self._add({"type": "_status", "status": status, "summary": _clean(summary)})
+
+    def failed(self, error: str, traceback: str) -> None:
+        self._add({"type": "failed", "error": str(error)[:10000], "traceback": str(traceback)})
+        self._add(
+            {"type": "_status", "status": "failed", "error": str(error)[:10000], "traceback": str(traceback)}
+        )
+
+    def close(self, timeout: float | None = 600.0) -> int:
+        """Send everything still buffered (waiting up to ``timeout`` s); returns how many batches are
+        left undelivered (kept in the outbox file)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        with self._cond:
+            self._closing = True
+            self._stop = True
+            self._cond.notify()
+            left = len(self._outbox) + (1 if self._pending else 0)
+        return left
+
+    # ------------------------------------------------------------------ sender thread
+    _stop = False
+
+    def _seal(self) -> None:
+        """Turn pending events into numbered batches (a status change is its own item) and journal them."""
+        with self._cond:
+            events, self._pending = self._pending, []
+            spool = self._spool
+        items: list[dict[str, Any]] = []
+        chunk: list[dict[str, Any]] = []
+        for ev in events:
+            if ev["type"] == "_status":
+                if chunk:
+                    items.append({"kind": "events", "events": chunk})
+                    chunk = []
+                body = {k: v for k, v in ev.items() if k not in ("type", "time")}
+                items.append({"kind": "status", "body": body})
+            else:
+                chunk.append(ev)
+                if len(chunk) >= self.batch_events:
+                    items.append({"kind": "events", "events": chunk})
+                    chunk = []
+        if chunk:
+            items.append({"kind": "events", "events": chunk})
+        for item in items:
+            self._seq += 1
+            item["seq"] = self._seq
+            item["batch_id"] = f"{self.run_id}-{self._nonce}-{self._seq}"
+        if items and spool is not None:
+            try:
+                spool.mkdir(parents=True, exist_ok=True)
+                with outbox_path(spool, self.run_id).open("a", encoding="utf-8") as f:
+                    for item in items:
+                        f.write(json.dumps({"run_id": self.run_id, **item}) + "\n")
+            except OSError as exc:  # a full disk must not stop training; memory still holds them
+                print(f"remote: could not write the outbox in {spool}: {exc}", file=self.err)
+        self._outbox.extend(items)
+
+    def _ack(self, item: dict[str, Any]) -> None:
+        self.sent += 1
+        if self._spool is not None:
+            try:
+                acked_path(self._spool, self.run_id).write_text(
+                    json.dumps({"run_id": self.run_id, "seq": item["seq"]})
+                )
+            except OSError:
+                pass
+
+    def _send(self, item: dict[str, Any]) -> None:
+        if item["kind"] == "events":
+            self.client.send_events(self.run_id, item["batch_id"], item["events"])
+        else:
+            self.client.set_status(self.run_id, **item["body"])
+
+    def _run(self) -> None:
+        backoff = 0.5
+        retry_at = 0.0
+        warned = False
+        while True:
+            with self._cond:
+                if not self._closing and not self._stop:
+                    wait = self.max_delay
+                    if self._outbox and retry_at > time.monotonic():
+                        wait = min(wait, retry_at - time.monotonic())
+                    self._cond.wait(max(0.0, wait))
+                closing, stop = self._closing, self._stop
+            if stop:
+                return
+            self._seal()
+            while self._outbox and time.monotonic() >= retry_at:
+                item = self._outbox[0]
+                try:
+                    self._send(item)
+                except ApiError as exc:
+                    if exc.retryable:
+                        self.retries += 1
+                        delay = max(backoff, exc.retry_after or 0.0)
+                        retry_at = time.monotonic() + delay
+                        if not warned:
+                            print(
+                                f"remote: {exc}; buffering and retrying (next in {delay:.1f} s)",
+                                file=self.err,
+                            )
+                            warned = True
+                        backoff = min(self.max_backoff, backoff * 2)
+                        break
+                    self._outbox.popleft()
+                    self.rejected.append(f"batch {item['seq']}: {exc}")
+                    print(f"remote: the server refused batch {item['seq']}: {exc}", file=self.err)
+                    continue
+                self._outbox.popleft()
+                self._ack(item)
+                if warned:
+                    print("remote: connection back; buffered batches delivered", file=self.err)
+                    warned = False
+                backoff = 0.5
+                retry_at = 0.0
+            if closing and not self._outbox:
+                with self._cond:
+                    if not self._pending:
+                        return
+            if closing and self._outbox and retry_at > time.monotonic():
+                time.sleep(min(0.2, retry_at - time.monotonic()))
+
+
+def start_remote_run(client: Client, config: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
+    """Create the run on the server (a draft with this config) and mark it running from this host.
+
+    The config is validated by the server with the launch form's rules; ``train.output_dir`` is left
+    out since that directory is on this machine, not the server's."""
+    cfg = json.loads(json.dumps(_clean(config)))
+    (cfg.get("train") or {}).pop("output_dir", None)
+    run = client.create_run(cfg, name=name or cfg.get("name"))
+    client.set_status(run["id"], "running", host=socket.gethostname()[:150])
+    return run
+
+
+def push_outbox(client: Client, run_dir: str | Path) -> dict[int, tuple[int, int]]:
+    """Send the batches of a run directory's outboxes that the server has not confirmed (after
+    ``close`` gave up, or the process died). Batches the server already has are no-ops there.
+    Returns ``{run_id: (stored, already there)}``."""
+    spool = Path(run_dir) / "remote"
+    outboxes = sorted(spool.glob("outbox-*.jsonl"))
+    if not outboxes:
+        raise FileNotFoundError(f"no outbox in {spool}: this run was not streamed with --report-to")
+    out: dict[int, tuple[int, int]] = {}
+    for outbox in outboxes:
+        run_id = int(outbox.stem.split("-", 1)[1])
+        ack = acked_path(spool, run_id)
+        acked = json.loads(ack.read_text())["seq"] if ack.exists() else 0
+        sent = dup = 0
+        for line in outbox.read_text(encoding="utf-8").splitlines():
+            item = json.loads(line)
+            if item["seq"] <= acked:
+                continue
+            if item["kind"] == "events":
+                reply = client.send_events(run_id, item["batch_id"], item["events"])
+                dup += bool(reply.get("duplicate"))
+                sent += not reply.get("duplicate")
+            else:
+                try:
+                    client.set_status(run_id, **item["body"])
+                    sent += 1
+                except ApiError as exc:
+                    if exc.status != 409:  # 409: the run already ended (the status had arrived)
+                        raise
+                    dup += 1
+            ack.write_text(json.dumps({"run_id": run_id, "seq": item["seq"]}))
+        out[run_id] = (sent, dup)
+    return out
