@@ -127,10 +127,11 @@
     }
   }
 
-  // A row's per-sample scores, e.g. the maths reward's "extracted 18 · gold 18 · correct 1".
+  // A row's per-sample scores by name (as the server renders them), e.g. the maths reward's
+  // "correct 1 · extracted 18 · gold 18".
   function detailText(metrics) {
-    return Object.entries(metrics || {}).map(([k, v]) => {
-      const num = typeof v === "number" && isFinite(v) ? (Number.isInteger(v) ? String(v) : String(+v.toFixed(4))) : "—";
+    return Object.entries(metrics || {}).sort((a, b) => (a[0] < b[0] ? -1 : 1)).map(([k, v]) => {
+      const num = typeof v === "number" && isFinite(v) ? String(Number(v.toPrecision(12))) : "—";
       return k + " " + num;
     }).join(" · ");
   }
