@@ -126,12 +126,19 @@ def test_config_defaults_and_group_size_check():
 # ----------------------------------------------------------------------------------- trainer runs
 
 TRAIN = {
-    "task": {"args": {"n_samples": 64}},
+    "task": {"args": {"n_samples": 64}, "max_eval_samples": 4},
     "reward": {"id": "digit_fraction"},
     "rollout": {"max_new_tokens": 4, "batch_size": 32},
-    "algorithm": {"learning_rate": 2e-2, "n_epochs": 2, "minibatch_size": 16},
-    "train": {"n_iters": 6, "prompts_per_iter": 8, "log_samples": 32, "save_final_model": False},
+    "algorithm": {"learning_rate": 2e-2, "n_epochs": 4, "minibatch_size": 16, "group": {"group_size": 8}},
+    "train": {"n_iters": 5, "prompts_per_iter": 4, "log_samples": 32, "save_final_model": False},
 }
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def _digit_fraction_per_iteration(run_dir: Path) -> list[float]:
@@ -145,51 +152,50 @@ def _digit_fraction_per_iteration(run_dir: Path) -> list[float]:
 
 
 def _train(small_config, run_dir: Path, algo: str, seed: int = 0, **over) -> tuple[dict, list[float]]:
-    cfg = small_config(
-        **{
-            **TRAIN,
-            "algorithm": {**TRAIN["algorithm"], "id": algo, "group": {"group_size": 4, "beta": 0.0}},
-            "train": {**TRAIN["train"], "output_dir": str(run_dir), "seed": seed},
-            **over,
-        }
+    """A run of TRAIN (beta 0 unless ``over`` says otherwise) with ``over`` merged in, key by key."""
+    base = _merge(
+        TRAIN,
+        {
+            "algorithm": {"id": algo, "group": {"beta": 0.0}},
+            "train": {"output_dir": str(run_dir), "seed": seed},
+        },
     )
-    summary = engine.train(cfg)
+    summary = engine.train(small_config(**_merge(base, over)))
     return summary, _digit_fraction_per_iteration(run_dir)
 
 
 def test_group_sampling_repeats_each_prompt_g_times(small_config, tmp_path):
-    _, fractions = _train(small_config, tmp_path / "g", "grpo", train={**TRAIN["train"], "n_iters": 1})
+    _train(small_config, tmp_path / "g", "grpo", train={"n_iters": 1})
     rows = [json.loads(line) for line in (tmp_path / "g" / "samples.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
-    assert len(train) == 32  # 8 prompts x G = 4
-    for i in range(0, 32, 4):
-        assert len({r["prompt"] for r in train[i : i + 4]}) == 1
-        assert len({r["sample_id"] for r in train[i : i + 4]}) == 1
+    assert len(train) == 32  # 4 prompts x G = 8
+    for i in range(0, 32, 8):
+        assert len({r["sample_id"] for r in train[i : i + 8]}) == 1
+        assert len({r["prompt"] for r in train[i : i + 8]}) == 1
+    assert len({r["sample_id"] for r in train}) == 4
 
 
 def test_beta_zero_loads_no_reference_model(small_config, tmp_path, monkeypatch):
     from engine import trainer as trainer_mod
 
-    built: list[object] = []
+    made: list[object] = []  # trainers, then every frozen copy they make
     original = trainer_mod.Trainer.__init__
 
     def spy(self, *args, **kwargs):
         original(self, *args, **kwargs)
         copy_fn = self.frozen_copy
-        self.frozen_copy = lambda lm: built.append(lm) or copy_fn(lm)
-        built.append(self)
+        self.frozen_copy = lambda lm: made.append(lm) or copy_fn(lm)
+        made.append(self)
 
     monkeypatch.setattr(trainer_mod.Trainer, "__init__", spy)
-    one_iter = {**TRAIN["train"], "n_iters": 1, "log_samples": 0}
-    _train(small_config, tmp_path / "b0", "grpo", train=one_iter)
-    trainer = built[0]
-    assert trainer.ref_lm is None and len(built) == 1  # no frozen copy was ever made
+    one = {"train": {"n_iters": 1, "log_samples": 0}}
+    summary, _ = _train(small_config, tmp_path / "b0", "grpo", **one)
+    assert made[0].ref_lm is None and len(made) == 1  # no reference, no frozen copy
+    assert summary["final_metrics"]["train/kl"] == 0.0
     # beta > 0: the reference is the initial policy, copied once.
-    built.clear()
-    cfg = {**TRAIN["algorithm"], "id": "grpo", "group": {"group_size": 4, "beta": 0.04}}
-    small_config_over = {**TRAIN, "algorithm": cfg, "train": {**one_iter, "output_dir": str(tmp_path / "b1")}}
-    engine.train(small_config(**small_config_over))
-    assert built[0].ref_lm is not None and len(built) == 2
+    made.clear()
+    _train(small_config, tmp_path / "b1", "grpo", algorithm={"group": {"beta": 0.04}}, **one)
+    assert made[0].ref_lm is not None and len(made) == 2
 
 
 @pytest.mark.parametrize("algo", ["grpo", "rloo"])
@@ -199,13 +205,15 @@ def test_seq2seq_run(small_config, tmp_path, algo):
         tmp_path / algo,
         algo,
         model={"name_or_path": "builtin:tiny-t5"},
-        train={**TRAIN["train"], "n_iters": 2},
-        algorithm={**TRAIN["algorithm"], "id": algo, "group": {"group_size": 4, "beta": 0.04}},
+        algorithm={"n_epochs": 2, "group": {"beta": 0.04}},
+        train={"n_iters": 2},
     )
     m = summary["final_metrics"]
     assert m["policy/n_updates"] == 4.0  # 2 epochs x 32 episodes / minibatch 16
-    assert m["train/kl_coef"] == 0.04 and math.isfinite(m["loss/kl"]) and m["loss/kl"] >= 0
-    assert m["train/kl"] > 0  # the policy moved away from the reference after the first update
+    assert m["train/kl_coef"] == 0.04
+    assert m["train/kl"] > 0  # the policy moved away from the reference after the first iteration
+    if algo == "grpo":
+        assert math.isfinite(m["loss/kl"]) and m["loss/kl"] >= 0  # k3 is never negative
 
 
 @pytest.mark.slow
@@ -213,17 +221,13 @@ def test_seq2seq_run(small_config, tmp_path, algo):
 def test_learns_beside_constant_reward_control(small_config, tmp_path, algo):
     """The digit share of the generations rises under the digit reward, not under a constant one.
 
-    Measured spread (tiny GPT-2, fp32 CPU, 6 iterations of 8 prompts x 4, seeds 0-2): see
-    docs/engine.md; the asserted margins sit far inside it.
+    Tiny GPT-2, fp32 CPU, 5 iterations of 4 prompts x G = 8, 4 passes, beta 0. Measured digit share at
+    iteration 1 -> 5 (seeds 0, 1): SPREAD.
     """
-    for seed in (0, 1, 2):
+    for seed in (0, 1):
         _, learn = _train(small_config, tmp_path / f"{algo}-{seed}", algo, seed)
         _, control = _train(
-            small_config,
-            tmp_path / f"{algo}-{seed}-control",
-            algo,
-            seed,
-            reward={"id": "test_constant_reward"},
+            small_config, tmp_path / f"{algo}-{seed}-c", algo, seed, reward={"id": "test_constant_reward"}
         )
         assert learn[0] < 0.1 and control[0] < 0.1, (learn, control)
         assert learn[-1] > learn[0] + 0.3, learn
