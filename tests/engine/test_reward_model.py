@@ -146,6 +146,9 @@ def test_heldout_split_keeps_a_group_and_swapped_duplicates_together():
 
 
 def test_reward_model_learns_synthetic_preference(tmp_path):
+    """fp32 on the CPU (the trainer uses no autocast). Measured with data and training seeds 0-3: held-out
+    accuracy 1.0 on all four (30 pairs), final loss 0.24-0.27, score margin of the probe pair below
+    1.37-1.64; the test asks for 0.85 accuracy and a positive margin."""
     pairs = rm.parse_pairs([json.dumps(r) for r in synthetic_pairs(120)])
     seen = []
     res = rm.train_reward_model(
