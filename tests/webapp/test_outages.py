@@ -173,19 +173,28 @@ def _jsonl_points(run_dir: Path) -> dict[tuple[str, int], float | None]:
 def test_a_database_outage_is_ridden_out_and_every_point_stored_once(
     worker_factory, pg_proxy, settings, wait_for, researcher
 ):
-    worker = _worker_through(worker_factory, pg_proxy, give_up_s=300)
+    worker = _worker_through(worker_factory, pg_proxy, give_up_s=600)
     settings.CELERY_TASK_DEFAULT_QUEUE = worker.queue
-    run = lifecycle.launch_run(tiny(n_iters=10), user=researcher)
-    wait_for(lambda: MetricPoint.objects.filter(run_id=run.pk).exists(), timeout=300, what="first points")
+    n_iters = 20
+    run = lifecycle.launch_run(tiny(n_iters=n_iters), user=researcher)
+
+    def step(cond, timeout: float, what: str) -> None:
+        try:
+            wait_for(cond, timeout=timeout, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nworker log:\n{worker.log()[-4000:]}") from None
+
+    step(lambda: MetricPoint.objects.filter(run_id=run.pk).exists(), 600, "first points")
     pg_proxy.cut()
     # Several failed attempts in a row: the outage outlasts the old ~1.4 s limit (0.2+0.4+0.8 s of
-    # backoff before the 4th attempt). Training goes on meanwhile (its events queue up).
-    wait_for(lambda: worker.log().count("database error while storing run") >= 5, timeout=120, what="retries")
+    # backoff before the 4th attempt). Training goes on meanwhile (its events queue up, and the
+    # final flush waits for the database).
+    step(lambda: worker.log().count("database error while storing run") >= 5, 300, "retries")
     pg_proxy.restore()
-    wait_for(
+    step(
         lambda: Run.objects.get(pk=run.pk).status not in (RunStatus.QUEUED, RunStatus.RUNNING),
-        timeout=300,
-        what="the run to end",
+        600,
+        "the run to end",
     )
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, (run.error, worker.log()[-3000:])
@@ -203,7 +212,7 @@ def test_a_database_outage_is_ridden_out_and_every_point_stored_once(
     # Every iteration's log line exactly once, in order.
     lines = [x for x in RunLog.objects.filter(run=run).order_by("id").values_list("line", flat=True)]
     steps = [int(x.split(":")[0].split()[1]) for x in lines if x.startswith("step ")]
-    assert steps == list(range(1, 11))
+    assert steps == list(range(1, n_iters + 1))
 
 
 def test_an_outage_past_the_limit_fails_the_run_with_the_real_cause(

@@ -309,6 +309,9 @@ def update_run(
         if name == "summary":
             sets.append("summary = %s::jsonb")
             args.append(json.dumps(value))
+        elif name == "run_dir":  # the worker's lifecycle records (and owns) it; fill it only if unset
+            sets.append("run_dir = CASE WHEN run_dir = '' THEN %s ELSE run_dir END")
+            args.append(value)
         else:
             sets.append(f"{name} = %s")
             args.append(value)

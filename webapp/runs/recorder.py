@@ -258,10 +258,7 @@ class Recorder:
     def close(self) -> None:
         """Flush, then stop the background thread (it closes its database connection)."""
         barrier = _Barrier(stop=True)
-        try:
-            self._put(barrier)
-        except RecorderError:
-            return
+        self._put(barrier)  # raises RecorderError if the recorder gave up (its idle thread ends alone)
         barrier.done.wait()
         with self._lock:
             thread = self._thread
