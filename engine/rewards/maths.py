@@ -55,6 +55,7 @@ HASH_RE = re.compile(r"####\s*\$?\s*(?P<num>[-\u2212]?\s?\$?\s?[\d,]*\d(?:\.\d+)
 PHRASE_RE = re.compile(
     r"\banswer\b\s*(?:is|was|would be|will be)?\s*[:=]?\s*(?:\$\s*)?(?P<rest>[-\u2212$\d].*)", re.IGNORECASE
 )
+OPERATOR_AFTER_RE = re.compile(r"\s*[-+*/\u00d7\u00f7=^\u2212]\s*[\d$(]")
 FRAC_RE = re.compile(r"\\d?frac\{\s*(-?\d+)\s*\}\{\s*(-?\d+)\s*\}")
 GSM8K_GOLD_RE = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
 
@@ -141,9 +142,11 @@ def extract(text: str, mode: Mode = "flexible") -> Extraction:
         if value is not None:
             return Extraction(value, marked=True)
     for m in PHRASE_RE.finditer(text):
-        value = parse_number(m.group("rest")[:40])
-        if value is not None:
-            return Extraction(value, marked=True)
+        # "Answer: 16 - 3 = 13" starts a calculation, not an answer: a number followed by an operator is
+        # not taken (the last number of the text decides instead).
+        num = NUMBER_RE.match(m.group("rest"))
+        if num and not OPERATOR_AFTER_RE.match(m.group("rest"), num.end()):
+            return Extraction(_value(num), marked=True)
     numbers = list(NUMBER_RE.finditer(text))
     if numbers:
         return Extraction(_value(numbers[-1]), marked=False)

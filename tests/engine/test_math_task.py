@@ -63,6 +63,8 @@ FIXTURE = Path(engine.__file__).resolve().parent / "data" / "fixtures" / "gsm8k"
         ("16 - 3 - 4 = 9 eggs\n9 * 2 = 18\n#### 18\nNext she buys 40 more.", "18"),
         ("The answer is 18. Then she buys 3 more.", "18"),
         ("Answer: $1,234.00 and 5 cents", "1234"),
+        ("Answer: 16 - 3 - 4 = 9 eggs", "9"),  # a calculation after 'Answer:' is not the answer
+        ("Answer: 16-3 = 13, so 13 * 2 = 26", "26"),
         (r"We get 3 + 4 = 7, so \boxed{7} and then 9", "7"),
         (
             "#### 12\n\nQuestion: Tom has 5 apples ...\nAnswer: 2 + 3 = 5\n#### 5",
