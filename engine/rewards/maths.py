@@ -11,7 +11,8 @@ Parsing rules (the same spirit as verl's GSM8K scorer and TRL's ``accuracy_rewar
   answer line, verl's "strict" form), ``\\boxed{42}`` (TRL / math-verify's boxed priority), then a phrase
   ``answer is 42`` / ``answer: 42`` / ``final answer = 42``. Of one marker kind, the FIRST occurrence
   counts: a model that keeps writing after its answer line (a new "Question: …" with its own ``####``)
-  is judged on the answer it gave, as verl's ``re.search`` and math-verify's ``first_match`` do.
+  is judged on the answer it gave, as verl's ``re.search`` and math-verify's ``first_match`` do. A phrase
+  that starts a calculation (``Answer: 16 - 3 = 13``) is not a marked answer.
 - With no marker, ``mode='flexible'`` takes the LAST number in the text (verl's flexible mode: the
   reasoning comes first, the result last); ``mode='strict'`` finds no answer (only ``####`` counts).
 - Numbers: thousands separators (``1,234``, LaTeX ``1{,}234``), a currency sign (``$12.50``, ``\\$5``,
