@@ -7,6 +7,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from django.template.loader import render_to_string
 
+from annotation.dpo import launch_config as dpo_launch_config
 from annotation.results import human_eval_for_run
 from annotation.reward_models import reward_choices
 from webapp.runs import extensions
@@ -23,3 +24,4 @@ def human_eval_panel(request: HttpRequest, run: Run) -> str:
 def register() -> None:
     extensions.register_reward_choices(reward_choices)
     extensions.register_run_panel("human-eval", human_eval_panel, order=50)
+    extensions.register_launch_source("dpo_campaign", dpo_launch_config)

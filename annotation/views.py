@@ -22,7 +22,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from annotation import assignment, campaigns, exports, invites, results, reward_models, uploads
+from annotation import assignment, campaigns, dpo, exports, invites, results, reward_models, uploads
 from annotation.errors import AnnotationError, UploadError
 from annotation.models import (
     AXES_PRESETS,
@@ -454,6 +454,20 @@ def train_reward_model(request: HttpRequest, pk: int) -> HttpResponse:
         return redirect("annotation:campaign_detail", pk=camp.pk)
     messages.success(request, f"Training reward model #{rm.pk} queued.")
     return redirect("annotation:reward_models")
+
+
+@researcher_required
+@require_POST
+def fine_tune_dpo(request: HttpRequest, pk: int) -> HttpResponse:
+    """Export the campaign's pairs into the data directory and open the launch form prefilled for DPO."""
+    camp = get_object_or_404(Campaign, pk=pk)
+    try:
+        _path, n = dpo.export_pairs(camp)
+    except AnnotationError as exc:
+        messages.error(request, f"Cannot fine-tune with DPO: {exc}")
+        return redirect("annotation:campaign_results", pk=camp.pk)
+    messages.success(request, f"{n} preference pairs exported for DPO; check the settings and launch.")
+    return redirect(f"{reverse('runs:launch')}?dpo_campaign={camp.pk}")
 
 
 @researcher_required

@@ -13,6 +13,9 @@ Two kinds of contribution:
   the run config gets when the choice is selected.
 - **run panels**: blocks of HTML on a run's page (e.g. its human-evaluation results). A panel returns
   HTML that it rendered and escaped itself (a template), or None to show nothing for that run.
+- **launch sources**: a query parameter of the launch form (e.g. ``?dpo_campaign=<id>``) whose value a
+  source turns into the whole initial config, built on the server (the client sends only the id). A
+  source raises ``ValueError`` with a message for the user when it cannot (unknown id, no data).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ RunPanel = Callable[[HttpRequest, "Run"], "str | None"]
 
 _reward_providers: list[RewardChoiceProvider] = []
 _run_panels: dict[str, tuple[int, RunPanel]] = {}
+LaunchSource = Callable[[HttpRequest, str], dict[str, Any]]
+_launch_sources: dict[str, LaunchSource] = {}
 
 
 def register_reward_choices(provider: RewardChoiceProvider) -> None:
@@ -75,3 +80,17 @@ def run_panels(request: HttpRequest, run: Run) -> list[tuple[str, str]]:
         if html is not None:
             out.append((name, html))
     return out
+
+
+def register_launch_source(param: str, source: LaunchSource) -> None:
+    """Let ``?<param>=<value>`` on the launch form prefill it with ``source(request, value)``."""
+    _launch_sources[param] = source
+
+
+def launch_source(request: HttpRequest) -> tuple[LaunchSource, str] | None:
+    """The registered source named by the request's query string, with its value (first match)."""
+    for param, source in _launch_sources.items():
+        value = request.GET.get(param, "")
+        if value:
+            return source, value
+    return None

@@ -175,6 +175,11 @@ def launch(request: HttpRequest) -> HttpResponse:
             initial = dict(cloned_from.config)
             initial["name"] = f"{cloned_from.name} (clone)"
             meta_initial = {"tags": ", ".join(cloned_from.tags), "notes": cloned_from.notes}
+        elif (source := extensions.launch_source(request)) is not None:
+            try:  # e.g. ?dpo_campaign=<id>: the server builds the config from the id
+                initial = source[0](request, source[1])
+            except ValueError as exc:
+                errors.append(str(exc))
         form = RunConfigForm(initial_config=initial, reward_choice=reward_choice)
         yaml_form = YamlConfigForm(initial={"config_yaml": dump_yaml(form.initial_config)})
         ctx = _launch_context(
