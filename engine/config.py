@@ -54,6 +54,44 @@ RIGHT_PADDING_CAUSAL = (
 )
 
 
+class LoraSettings(Strict):
+    """LoRA (PEFT) on the policy: only the adapter and the value head train; the reference is the base."""
+
+    enabled: bool = Field(
+        False,
+        description=(
+            "Train a LoRA adapter instead of all weights. A config that gives model.lora settings without "
+            "this key turns it on."
+        ),
+    )
+    r: int = Field(8, ge=1, description="Rank of the adapter's update matrices.")
+    alpha: float = Field(16.0, gt=0, description="Scaling numerator: the update is scaled by alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input (0 keeps PPO ratios exact).")
+    target_modules: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Module names (or name suffixes) that get an adapter, e.g. ['q_proj', 'v_proj']; 'all-linear' "
+            "for every linear layer; empty: PEFT's default for the architecture (GPT-2: c_attn; T5: q, v; "
+            "Llama/SmolLM2: q_proj, v_proj)."
+        ),
+    )
+    save: Literal["merged", "adapter"] = Field(
+        "merged",
+        description=(
+            "Final model in <run dir>/model: 'merged' (adapter folded into the weights, a plain HF model) "
+            "or 'adapter' (adapter files only, naming the base model; loadable as a model path)."
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_mean_enabled(cls, data: Any) -> Any:
+        # `model.lora: {r: 8}` in a YAML file means "use LoRA"; the form always sends `enabled`.
+        if isinstance(data, dict) and data and "enabled" not in data:
+            data = {**data, "enabled": True}
+        return data
+
+
 class ModelConfig(Strict):
     name_or_path: str = Field(
         "builtin:tiny-gpt2",
@@ -83,6 +121,13 @@ class ModelConfig(Strict):
     gradient_checkpointing: bool = Field(False, description="Trade compute for memory on large models.")
     reference_name_or_path: str | None = Field(
         None, description="Frozen reference model for the KL penalty; default: the initial policy."
+    )
+    lora: LoraSettings = Field(
+        default_factory=LoraSettings,
+        description=(
+            "LoRA adapter (PEFT) for any algorithm (enabled, r, alpha, dropout, target_modules, save); off: "
+            "full fine-tuning. With LoRA the reference model is the base model with the adapter disabled."
+        ),
     )
 
 

@@ -189,6 +189,10 @@ class Trainer:
         lm = load_lm(path, self.kind, cfg.model.revision)
         if cfg.model.gradient_checkpointing:
             lm.gradient_checkpointing_enable()
+        if cfg.model.lora.enabled:
+            from engine.models.lora import apply_lora
+
+            apply_lora(lm, cfg.model.lora)  # in place: base frozen, adapter trainable
         self.policy = ActorCritic(lm, self.kind == "seq2seq", cfg.model.value_head).to(self.device)
         self.frozen_copy = frozen_copy
         self.algo = algorithms.build(cfg.algorithm.id, cfg=cfg.algorithm)
@@ -265,6 +269,26 @@ class Trainer:
             params, lr=self.cfg.algorithm.learning_rate, weight_decay=self.cfg.algorithm.weight_decay
         )
 
+    @property
+    def lora(self) -> bool:
+        return self.cfg.model.lora.enabled
+
+    def _reference_of_policy(self) -> Any:
+        """The starting policy as a frozen reference: a copy, or with LoRA the adapter switched off."""
+        if self.lora:
+            from engine.models.lora import AdapterDisabledReference
+
+            return AdapterDisabledReference(self.policy.lm)
+        return self.frozen_copy(self.policy.lm)
+
+    def _policy_state(self) -> dict[str, Any]:
+        """What a checkpoint stores of the policy: everything, or with LoRA the adapter and value head."""
+        if self.lora:
+            from engine.models.lora import trainable_state
+
+            return trainable_state(self.policy)
+        return self.policy.state_dict()
+
     def _setup_reference(self) -> None:
         from engine.models.loading import load_lm, resolve_model_path
 
@@ -274,6 +298,9 @@ class Trainer:
             self.ref_lm = self.frozen_copy(load_lm(resolve_model_path(self.ref_path), self.kind)).to(
                 self.device
             )
+            return
+        if self.lora:  # the base model with the adapter off: no copy, nothing to save for resumes
+            self.ref_lm = self._reference_of_policy()
             return
         ref_file = self.run_dir / "checkpoints" / "reference.pt"
         self.ref_lm = self.frozen_copy(self.policy.lm)
@@ -299,7 +326,7 @@ class Trainer:
             "iteration": self.iteration,
             "sft_step": self.sft_step,
             "sft_done": self.sft_done,
-            "policy": self.policy.state_dict(),
+            "policy": self._policy_state(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "sft_optimizer": sft_optimizer.state_dict() if sft_optimizer is not None else None,
             "kl": _plain(self.kl_ctl.state_dict()) if self.kl_ctl is not None else None,
@@ -335,7 +362,12 @@ class Trainer:
                 f"{path / STATE_FILE}: refusing to load: not a safe checkpoint (tensors and plain values "
                 f"only; tampered, or written by an older version): {str(exc).splitlines()[0][:300]}"
             ) from None
-        self.policy.load_state_dict(state["policy"])
+        if self.lora:
+            from engine.models.lora import load_trainable_state
+
+            load_trainable_state(self.policy, state["policy"])
+        else:
+            self.policy.load_state_dict(state["policy"])
         self.iteration = int(state["iteration"])
         self.sft_step = int(state["sft_step"])
         self.sft_done = bool(state["sft_done"])
@@ -564,7 +596,7 @@ class Trainer:
         needs_ref = getattr(self.algo, "needs_reference", True)
         if self.wants_rl and not self.ref_path and not self.wants_sft and needs_ref:
             # The reference is the initial model: copy it before a checkpoint overwrites the policy.
-            self.ref_lm = self.frozen_copy(self.policy.lm)
+            self.ref_lm = self._reference_of_policy()
         resume_state = None
         if self.resume_from:
             ck = latest_checkpoint(self.run_dir)
@@ -671,7 +703,12 @@ class Trainer:
 
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.policy.lm.save_pretrained(str(tmp))
+        if self.lora:
+            from engine.models.lora import save_lora_model
+
+            save_lora_model(self.policy.lm, tmp, self.cfg.model.lora.save)
+        else:
+            self.policy.lm.save_pretrained(str(tmp))
         self.tokenizer.save_pretrained(str(tmp))
         save_file(
             {k: v.contiguous() for k, v in self.policy.value_head.state_dict().items()},

@@ -109,6 +109,11 @@ def detect_kind(path: str, requested: str = "auto", revision: str | None = None)
         return requested
     from transformers import AutoConfig
 
+    from engine.models.lora import adapter_base, is_adapter_dir
+
+    if is_adapter_dir(path):  # a LoRA run's model saved as an adapter: the base model's family
+        path = adapter_base(path)
+
     try:
         cfg = AutoConfig.from_pretrained(path, revision=revision)
     except OSError as exc:
@@ -121,7 +126,11 @@ def load_lm(path: str, kind: str, revision: str | None = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+    from engine.models.lora import adapter_base, is_adapter_dir, load_adapter_dir
+
     _quiet_transformers()
+    if is_adapter_dir(path):  # LoRA adapter directory: its base model with the adapter merged in
+        return load_adapter_dir(load_lm(adapter_base(path), kind), path)
     cls = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForCausalLM
     try:
         model = cls.from_pretrained(path, revision=revision, dtype=torch.float32)
