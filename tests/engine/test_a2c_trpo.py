@@ -321,6 +321,9 @@ LEARNING: dict[str, dict] = {
         "train": {"n_iters": 8},
     },
 }
+# Required rise of the positive run (mean of its last 3 iterations over its first 2, and over the control's
+# last 3); the docstring of the learning test records what was measured.
+MARGIN = {"a2c": 0.15, "trpo": 0.15}
 DIGITS = {"id": "digit_fraction"}
 CONSTANT = {"id": "weighted_sum", "components": [{"id": "digit_fraction", "weight": 0.0}]}  # always 0
 
@@ -354,3 +357,33 @@ def learning_run(algo: str, reward: dict, seed: int, out_dir: Path) -> list[floa
         if row["split"] == "train":
             per_step.setdefault(row["step"], []).append(digit_fraction(row["generation"]))
     return [sum(v) / len(v) for _, v in sorted(per_step.items())]
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("algo", ["a2c", "trpo"])
+def test_learns_the_synthetic_reward_beside_a_constant_reward_control(algo, tmp_path):
+    """The digit fraction of the generations rises under the digit reward and not under a constant one.
+
+    Same seed, settings and code path for both runs; only the reward differs (the control's is always 0,
+    so any rise there would be drift, not learning). Measured while developing (seed 0, on the shared
+    2-core machine; per-iteration digit fraction of the 16 generations):
+
+    * A2C (20 iterations): positive 0.016, 0.038, ... 0.089 (it. 12), 0.169, 0.101, 0.146, 0.233, 0.298,
+      0.334, 0.568, 0.511 (last three 0.47); control between 0.000 and 0.052, last three 0.015 (its
+      policy does move: A = -V is not 0).
+    * TRPO (8 iterations): see docs/engine.md, A2C and TRPO; control between 0.00 and 0.06 (a constant
+      0 reward gives V = 0 and zero advantages: TRPO takes no step at all).
+    """
+    pos = learning_run(algo, DIGITS, 0, tmp_path / "positive")
+    ctl = learning_run(algo, CONSTANT, 0, tmp_path / "control")
+    n = LEARNING[algo]["train"]["n_iters"]
+    assert len(pos) == len(ctl) == n
+    start, end = _mean(pos[:2]), _mean(pos[-3:])
+    assert end > start + MARGIN[algo], pos
+    assert end > _mean(ctl[-3:]) + MARGIN[algo], (pos, ctl)
+    assert _mean(ctl[-3:]) < _mean(ctl[:2]) + 0.1, ctl  # the control does not rise
