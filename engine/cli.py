@@ -117,7 +117,7 @@ def _remote_sink(args: argparse.Namespace, cfg: RunConfig) -> Any:
     except (ValueError, ApiError) as exc:
         raise CLIError(f"--report-to {url}: {exc}") from None
     print(f"streaming to {client.url}{run['url']} (run #{run['id']})", file=sys.stderr)
-    return RemoteSink(client, run["id"])
+    return RemoteSink(client, run["id"], max_backoff=float(os.environ.get("GRUE_REMOTE_MAX_BACKOFF_S", "30")))
 
 
 def _close_remote(remote: Any) -> None:
