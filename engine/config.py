@@ -368,7 +368,8 @@ class AlgorithmConfig(Strict):
         "ppo",
         description=(
             "Registered algorithm id: 'ppo', 'nlpo', 'a2c', 'trpo', critic-free 'grpo', 'rloo', 'reinforce_pp', "
-            "'reinforce_pp_baseline' (RL) or 'sft' (supervised only). For 'a2c' a config that omits "
+            "'reinforce_pp_baseline' (RL), offline 'dpo' (preference pairs) or 'sft' (supervised only). "
+            "For 'a2c' a config that omits "
             "gae_lambda / whiten_advantages gets RL4LMs's A2C values (1.0, false); the critic-free ones get "
             "n_epochs 1 and max_grad_norm 1.0 (REINFORCE++: gamma 1.0) unless set."
         ),
