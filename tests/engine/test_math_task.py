@@ -215,9 +215,39 @@ def test_task_arguments_and_bad_data(tmp_path):
     assert split_solution("a\nb\n#### 1,200\n") == ("a\nb", "1,200")
 
 
-def test_hub_path_names_openai_gsm8k_main():
+def test_hub_path_loads_openai_gsm8k_main(monkeypatch):
+    """The hub path asks datasets for ``openai/gsm8k``, config ``main`` (no network here: the call is answered
+    with a real DatasetDict of the fixture's rows, which have the hub's layout), carves validation out of the
+    hub's train split, and without a network says how to use local files instead."""
+    import datasets
+
+    rows = {
+        split: [json.loads(line) for line in (FIXTURE / f"{split}.jsonl").read_text().splitlines()]
+        for split in ("train", "test")
+    }
+    calls = []
+
+    def load_dataset(*names):
+        calls.append(names)
+        return datasets.DatasetDict(
+            {k: datasets.Dataset.from_list([{"question": r["question"], "answer": r["answer"]} for r in v])
+             for k, v in rows.items()}
+        )  # fmt: skip
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     task = tasks.build("gsm8k", hub=True)
-    assert task.hub_name == ("openai/gsm8k", "main") and task.has_split("test")
+    train, val, test = task.load("train"), task.load("validation"), task.load("test")
+    assert calls == [("openai/gsm8k", "main")] * 3
+    assert (len(train), len(val), len(test)) == (45, 5, 50)
+    assert test[0].meta["answer"] == rows["test"][0]["answer"].rsplit("####", 1)[1].strip()
+    assert test[0].id == "test_0"  # hub rows have no id: position in the split
+
+    def offline(*names):
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DataError, match=r"openai/gsm8k/main .*Offline\? Use local files"):
+        tasks.build("gsm8k", hub=True).load("test")
 
 
 # ----------------------------------------------------------------------------------------- presets
