@@ -183,6 +183,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # heartbeat for LOST_AFTER is marked lost.
 GRUE_HEARTBEAT_INTERVAL = float(os.environ.get("GRUE_HEARTBEAT_INTERVAL", "5"))
 GRUE_LOST_AFTER = float(os.environ.get("GRUE_LOST_AFTER", "60"))
+# The HTTP API (webapp.api, docs/api.md): write requests per token per minute, largest request body.
+GRUE_API_WRITES_PER_MIN = int(os.environ.get("GRUE_API_WRITES_PER_MIN", "1200"))
+GRUE_API_MAX_BODY = int(os.environ.get("GRUE_API_MAX_BODY", str(8 * 1024 * 1024)))
 # The run watchdog (webapp.watchdog; `manage.py watch_runs`, started by `up`) sweeps every
 # GRUE_WATCH_INTERVAL seconds in a process of its own, so detection never waits for a free worker,
 # and resumes lost runs from their last checkpoint up to GRUE_AUTO_RESUME_LIMIT times.
