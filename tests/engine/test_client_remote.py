@@ -208,3 +208,45 @@ def test_cli_run_streams_through_a_cut_connection_with_nothing_lost_or_duplicate
     rewards = df[df.key == "train/reward_mean"].sort_values("step")
     assert rewards.step.tolist() == list(range(1, N_ITERS + 1))  # every iteration, once
     assert str(df["time"].dt.tz) == "UTC"
+
+
+def test_undelivered_batches_stay_in_the_outbox_and_push_sends_them_once(
+    asgi_server, researcher, tmp_path, capsys
+):
+    """The dashboard is unreachable for the whole run: close() gives up with the batches on disk, and
+    ``python -m engine push`` delivers them later, exactly once (a second push sends nothing)."""
+    from engine.cli import main
+    from engine.client import Client
+    from engine.remote import RemoteSink, start_remote_run
+    from webapp.api.auth import create_token
+    from webapp.runs.models import MetricPoint, Run, RunLog
+
+    token = create_token(researcher, "t")[1]
+    client = Client(asgi_server.url, token)
+    run = start_remote_run(client, {**CONFIG, "name": "offline"})
+    dead = Client(f"http://127.0.0.1:{free_port()}", token)  # nothing listens there
+    sink = RemoteSink(dead, run["id"], max_delay=0.05, max_backoff=0.2)
+    sink.run_started(CONFIG, str(tmp_path))
+    for step in range(1, 4):
+        sink.progress(step, 3, 1.0)
+        sink.metrics(step, {"train/reward_mean": step / 10, "train/kl": 0.01})
+    sink.log("a line")
+    sink.finished({"iterations": 3})
+    assert sink.close(timeout=2) > 0 and sink.retries > 0
+    assert not MetricPoint.objects.filter(run_id=run["id"]).exists()
+
+    assert main(["push", str(tmp_path), "--report-to", asgi_server.url, "--token", token]) == 0
+    assert f"run #{run['id']}:" in capsys.readouterr().out
+    stored = sorted(MetricPoint.objects.filter(run_id=run["id"]).values_list("key", "step", "value"))
+    assert stored == sorted(
+        [("train/kl", s, 0.01) for s in (1, 2, 3)] + [("train/reward_mean", s, s / 10) for s in (1, 2, 3)]
+    )
+    r = Run.objects.get(pk=run["id"])
+    assert r.status == "succeeded" and r.current_iter == 3
+    lines = RunLog.objects.filter(run_id=run["id"]).count()
+    assert main(["push", str(tmp_path), "--report-to", asgi_server.url, "--token", token]) == 0
+    assert "0 batch(es) stored" in capsys.readouterr().out
+    assert (
+        MetricPoint.objects.filter(run_id=run["id"]).count() == 6
+        and RunLog.objects.filter(run_id=run["id"]).count() == lines
+    )
