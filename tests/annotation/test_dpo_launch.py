@@ -68,6 +68,9 @@ def test_results_button_exports_pairs_and_prefills_the_launch_form(researcher_cl
     assert cfg.algorithm.id == "dpo" and cfg.task.args["path"] == str(path)
     html = launch.content.decode()
     assert "preference_pairs" in html and "6 preference pairs exported" in html
+    # The form, generated from the schema, has the DPO and LoRA sections.
+    for field in ("algorithm__dpo__beta", "algorithm__dpo__loss_type", "model__lora__enabled", "model__lora__r"):
+        assert f'name="{field}"' in html, field
 
 
 def test_only_researchers_and_only_pairwise_campaigns(client, researcher, annotator):
