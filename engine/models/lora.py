@@ -34,7 +34,9 @@ def apply_lora(lm: Any, lora_cfg: Any) -> Any:
     """Inject a LoRA adapter into ``lm`` (in place) and freeze its base weights; returns ``lm``."""
     from peft import LoraConfig, get_peft_model
 
-    targets = list(lora_cfg.target_modules) or None  # None: PEFT's default for the architecture
+    targets: list[str] | str | None = list(lora_cfg.target_modules) or None  # None: PEFT's default
+    if targets == ["all-linear"]:
+        targets = "all-linear"  # PEFT's keyword, not a module name
     config = LoraConfig(
         r=lora_cfg.r,
         lora_alpha=lora_cfg.alpha,
