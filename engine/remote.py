@@ -77,6 +77,7 @@ class RemoteSink(NullSink):
         batch_events: int = 500,
         max_delay: float = 0.5,
         max_backoff: float = 30.0,
+        heartbeat_s: float = 15.0,
         err: TextIO | None = None,
     ):
         self.client = client
@@ -84,6 +85,10 @@ class RemoteSink(NullSink):
         self.batch_events = batch_events
         self.max_delay = max_delay
         self.max_backoff = max_backoff
+        # An empty batch when nothing was sent for this long: the server's watchdog marks a run lost
+        # when its heartbeat stops, and an iteration of a large model can take minutes.
+        self.heartbeat_s = heartbeat_s
+        self._last_contact = time.monotonic()
         self.err = err or sys.stderr
         self.sent = 0  # batches the server confirmed
         self.retries = 0  # failed attempts (network, 429, 5xx)
@@ -184,11 +189,16 @@ class RemoteSink(NullSink):
                     chunk = []
         if chunk:
             items.append({"kind": "events", "events": chunk})
+        heartbeat = (
+            not items and not self._outbox and time.monotonic() - self._last_contact > self.heartbeat_s
+        )
+        if heartbeat:
+            items.append({"kind": "events", "events": []})
         for item in items:
             self._seq += 1
             item["seq"] = self._seq
             item["batch_id"] = f"{self.run_id}-{self._nonce}-{self._seq}"
-        if items and spool is not None:
+        if items and not heartbeat and spool is not None:
             try:
                 spool.mkdir(parents=True, exist_ok=True)
                 with outbox_path(spool, self.run_id).open("a", encoding="utf-8") as f:
@@ -200,6 +210,7 @@ class RemoteSink(NullSink):
 
     def _ack(self, item: dict[str, Any]) -> None:
         self.sent += 1
+        self._last_contact = time.monotonic()
         if self._spool is not None:
             try:
                 acked_path(self._spool, self.run_id).write_text(

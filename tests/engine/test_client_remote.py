@@ -250,3 +250,24 @@ def test_undelivered_batches_stay_in_the_outbox_and_push_sends_them_once(
         MetricPoint.objects.filter(run_id=run["id"]).count() == 6
         and RunLog.objects.filter(run_id=run["id"]).count() == lines
     )
+
+
+def test_an_idle_sink_keeps_the_run_alive_with_empty_batches(asgi_server, researcher, wait_for):
+    """An iteration of a large model can outlast GRUE_LOST_AFTER: the sink's empty batches keep the
+    remote run's heartbeat fresh while the trainer emits nothing."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from engine.client import Client
+    from engine.remote import RemoteSink, start_remote_run
+    from webapp.api.auth import create_token
+    from webapp.runs.models import Run
+
+    client = Client(asgi_server.url, create_token(researcher, "t")[1])
+    run = start_remote_run(client, {**CONFIG, "name": "idle"})
+    old = timezone.now() - timedelta(hours=1)
+    Run.objects.filter(pk=run["id"]).update(heartbeat_at=old)
+    sink = RemoteSink(client, run["id"], max_delay=0.05, heartbeat_s=0.2)
+    wait_for(lambda: Run.objects.get(pk=run["id"]).heartbeat_at > old, timeout=30, what="a heartbeat batch")
+    assert sink.close(timeout=10) == 0 and sink.sent >= 1 and not sink.rejected

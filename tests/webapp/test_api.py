@@ -333,3 +333,20 @@ def test_openapi_describes_exactly_the_routed_endpoints(client, token):
             for param in op.get("parameters", []):
                 if param["in"] == "path":
                     assert "{" + param["name"] + "}" in path
+
+
+@pytest.mark.django_db
+def test_any_batch_is_the_remote_runs_heartbeat_so_the_watchdog_keeps_it(client, token):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from webapp.runs import lifecycle
+
+    run_id = _remote_run(client, token)
+    Run.objects.filter(pk=run_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    r = _post(client, f"/api/v1/runs/{run_id}/events", {"batch_id": "hb-1", "events": []}, token)
+    assert r.status_code == 200
+    assert lifecycle.mark_lost_runs(older_than=600, run_ids=[run_id]) == []
+    Run.objects.filter(pk=run_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert lifecycle.mark_lost_runs(older_than=600, run_ids=[run_id]) == [run_id]  # silence: lost

@@ -10,6 +10,7 @@ from django.contrib import messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from annotation import exports
@@ -164,6 +165,8 @@ def run_events(request: HttpRequest, run_id: int) -> JsonResponse:
     data = json_body(request)
     host = run.worker_host[len(lifecycle.REMOTE_PREFIX) :]
     result = ingest.store_batch(run.pk, data.get("batch_id"), data.get("events"), host)
+    # Any batch, even an empty one, is the remote run's heartbeat (webapp.watchdog marks silent runs lost).
+    Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(heartbeat_at=timezone.now())
     return JsonResponse(
         {"run_id": run.pk, "batch_id": data["batch_id"], "duplicate": result.duplicate,
          "events": result.events, "points": result.points}
