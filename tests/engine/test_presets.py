@@ -17,7 +17,15 @@ from engine.data import build_task
 from engine.metrics import build_metrics, compute_all
 from engine.models.builtin import builtin_model_dir
 from engine.models.loading import load_lm, load_tokenizer
-from engine.presets import ALGORITHMS, PRESET_ALGORITHMS, PresetError, deep_merge, list_presets, load_preset
+from engine.presets import (
+    ALGORITHMS,
+    GROUP_ALGORITHMS,
+    PRESET_ALGORITHMS,
+    PresetError,
+    deep_merge,
+    list_presets,
+    load_preset,
+)
 from engine.registry import tasks
 from engine.rewards import RewardError, build_reward
 
@@ -39,14 +47,17 @@ def test_names_unique_and_rows_complete():
     assert len(NAMES) == len(set(NAMES))
     for p in PRESETS:
         assert set(p) == {"name", "task", "algorithm", "variant", "description"}
-        assert p["variant"] in ("online", "offline") and p["algorithm"] in PRESET_ALGORITHMS
+        assert p["variant"] in ("online", "offline")
+        assert p["algorithm"] in PRESET_ALGORITHMS + GROUP_ALGORITHMS
         assert p["description"]
 
 
 @pytest.mark.parametrize("task", GRUE_TASKS)
 def test_every_task_has_the_whole_grid_in_both_variants(task):
     have = {(p["algorithm"], p["variant"]) for p in PRESETS if p["task"] == task}
-    assert have == {(a, v) for a in PRESET_ALGORITHMS for v in ("online", "offline")}
+    grid = {(a, v) for a in PRESET_ALGORITHMS for v in ("online", "offline")}
+    group = {(a, v) for a in GROUP_ALGORITHMS for v in ("online", "offline")}  # only tasks with a group section
+    assert grid <= have <= grid | group
     assert set(ALGORITHMS) < set(PRESET_ALGORITHMS)  # the GRUE grid, plus A2C and TRPO
 
 
@@ -74,7 +85,8 @@ def test_every_preset_parses_and_its_algorithm_row_matches(configs):
             assert cfg.train.n_iters == 0 and cfg.supervised.enabled and cfg.algorithm.id == "sft", name
         else:
             assert cfg.train.n_iters > 0, name
-            expected_id = alg.removeprefix("supervised_") if alg.endswith(("nlpo", "a2c", "trpo")) else "ppo"
+            own_id = alg.endswith(("nlpo", "a2c", "trpo")) or alg in GROUP_ALGORITHMS
+            expected_id = alg.removeprefix("supervised_") if own_id else "ppo"
             assert cfg.algorithm.id == expected_id, name
             assert cfg.supervised.enabled == alg.startswith("supervised_"), name
         if row["variant"] == "online":
