@@ -56,7 +56,8 @@ def test_names_unique_and_rows_complete():
 def test_every_task_has_the_whole_grid_in_both_variants(task):
     have = {(p["algorithm"], p["variant"]) for p in PRESETS if p["task"] == task}
     grid = {(a, v) for a in PRESET_ALGORITHMS for v in ("online", "offline")}
-    group = {(a, v) for a in GROUP_ALGORITHMS for v in ("online", "offline")}  # only tasks with a group section
+    # group algorithms: only for task files with a group section
+    group = {(a, v) for a in GROUP_ALGORITHMS for v in ("online", "offline")}
     assert grid <= have <= grid | group
     assert set(ALGORITHMS) < set(PRESET_ALGORITHMS)  # the GRUE grid, plus A2C and TRPO
 
