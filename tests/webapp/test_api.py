@@ -350,3 +350,31 @@ def test_any_batch_is_the_remote_runs_heartbeat_so_the_watchdog_keeps_it(client,
     assert lifecycle.mark_lost_runs(older_than=600, run_ids=[run_id]) == []
     Run.objects.filter(pk=run_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
     assert lifecycle.mark_lost_runs(older_than=600, run_ids=[run_id]) == [run_id]  # silence: lost
+
+
+@pytest.mark.django_db
+def test_a_lost_remote_run_is_not_resumed_by_the_watchdog_and_its_client_still_finishes_it(
+    client, token, settings
+):
+    from webapp import watchdog
+    from webapp.runs import lifecycle
+
+    settings.CELERY_TASK_DEFAULT_QUEUE = "api-test-nobody-listens"
+    run_id = _remote_run(client, token)
+    assert (
+        _post(
+            client, f"/api/v1/runs/{run_id}/events", {"batch_id": "c", "events": _events(0)}, token
+        ).status_code
+        == 200
+    )
+    assert lifecycle.mark_lost(run_id)
+    assert watchdog.auto_resume_lost_runs() == [] and Run.objects.get(pk=run_id).status == "lost"
+    # The client was only out of reach: its later batches are stored and its end wins.
+    assert not _post(
+        client, f"/api/v1/runs/{run_id}/events", {"batch_id": "d", "events": _events(1)}, token
+    ).json()["duplicate"]
+    r = _post(
+        client, f"/api/v1/runs/{run_id}/status", {"status": "succeeded", "summary": {"iterations": 2}}, token
+    )
+    assert r.status_code == 200 and r.json()["status"] == "succeeded"
+    assert MetricPoint.objects.filter(run_id=run_id, key="loss").count() == 2
