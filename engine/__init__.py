@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.config import ConfigError, RunConfig, load_config, parse_config
+from engine.config import ConfigError, RunConfig, parse_config
+from engine.config_files import load_config
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -8,20 +8,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+import engine
+from engine import registry
+from engine.client import ApiError, Client
 from engine.config import (
     ConfigError,
     RunConfig,
-    is_rl4lms_config,
     json_schema,
-    load_yaml,
     parse_config,
     parse_overrides,
     set_dotted,
 )
+from engine.config_files import read_config_file
+from engine.events import MultiSink
+from engine.presets import list_presets, load_preset
+from engine.registry import UnknownComponentError
+from engine.remote import RemoteSink, push_outbox, start_remote_run
+from engine.sinks import ConsoleSink
 
 
 class CLIError(Exception):
@@ -47,20 +58,12 @@ def build_config(
     data: dict[str, Any] = {}
     source = "config"
     if preset:
-        try:
-            from engine.presets import load_preset
-        except ImportError as exc:
-            raise CLIError("presets are not available in this installation") from exc
         data = load_preset(preset)
         source = f"preset {preset}"
     if config_path:
-        raw = load_yaml(config_path)
-        if is_rl4lms_config(raw):
-            from engine.rl4lms import convert_rl4lms
-
-            raw, unhonoured = convert_rl4lms(raw)
-            for item in unhonoured or []:
-                print(f"warning: RL4LMs key not honoured: {item}", file=out)
+        raw, unhonoured = read_config_file(config_path)
+        for item in unhonoured:
+            print(f"warning: RL4LMs key not honoured: {item}", file=out)
         data = _merge(data, raw)
         source = str(config_path)
     elif resume and not preset:
@@ -81,15 +84,10 @@ def build_config(
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import engine
-    from engine.sinks import ConsoleSink
-
     cfg = build_config(args.config, args.set, args.preset, args.resume)
     sink = None if args.quiet else ConsoleSink()
     remote = _remote_sink(args, cfg)
     if remote is not None:
-        from engine.events import MultiSink
-
         sink = MultiSink(sink, remote)
     try:
         summary = engine.train(cfg, sink=sink, resume_from=args.resume)
@@ -103,14 +101,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _remote_sink(args: argparse.Namespace, cfg: RunConfig) -> Any:
     """``--report-to URL --token TOKEN`` (or GRUE_URL/GRUE_TOKEN): create the run on the dashboard and
     stream into it (engine.remote). Fails before training if the server refuses the run or the token."""
-    import os
-
     url = args.report_to or os.environ.get("GRUE_URL")
     if not url:
         return None
-    from engine.client import ApiError, Client
-    from engine.remote import RemoteSink, start_remote_run
-
     try:
         client = Client(url, args.token or os.environ.get("GRUE_TOKEN"))
         run = start_remote_run(client, cfg.to_dict())
@@ -121,8 +114,6 @@ def _remote_sink(args: argparse.Namespace, cfg: RunConfig) -> Any:
 
 
 def _close_remote(remote: Any) -> None:
-    import os
-
     left = remote.close(timeout=float(os.environ.get("GRUE_REMOTE_DRAIN_S", "600")))
     if left:
         print(
@@ -135,11 +126,6 @@ def _close_remote(remote: Any) -> None:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    import os
-
-    from engine.client import ApiError, Client
-    from engine.remote import push_outbox
-
     try:
         client = Client(args.report_to or os.environ.get("GRUE_URL"), args.token or os.environ.get("GRUE_TOKEN"))
         done = push_outbox(client, args.run_dir)
@@ -151,8 +137,6 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import engine
-
     model = args.model
     config_path = args.config
     if args.run:
@@ -182,13 +166,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def schema_markdown() -> str:
     """The config reference table of docs/engine.md, generated from the pydantic models."""
-    from pydantic import BaseModel
-
     lines = ["| field | type | default | description |", "|---|---|---|---|"]
 
     def fmt_type(ann: Any) -> str:
-        import typing
-
         if typing.get_origin(ann) is typing.Literal:
             return " / ".join(f"`{a}`" for a in typing.get_args(ann))
         text = (
@@ -238,10 +218,6 @@ def cmd_import_gguf(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    try:
-        from engine.presets import list_presets
-    except ImportError as exc:
-        raise CLIError("presets are not available in this installation") from exc
     rows = list_presets()
     width = max((len(r["name"]) for r in rows), default=10)
     for r in rows:
@@ -250,8 +226,6 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_components(args: argparse.Namespace) -> int:
-    from engine import registry
-
     for reg in (
         registry.tasks,
         registry.rewards,
@@ -327,8 +301,6 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _friendly(exc: BaseException) -> str | None:
     """One-line explanation for errors users cause; None for bugs (which keep their traceback)."""
-    from engine.registry import UnknownComponentError
-
     if isinstance(exc, (ConfigError, CLIError, UnknownComponentError)):
         return str(exc)
     name = type(exc).__name__

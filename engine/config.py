@@ -636,17 +636,5 @@ def is_rl4lms_config(data: dict[str, Any]) -> bool:
     )
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Load a GRUE Studio config (or an RL4LMs task config, converted) with ``key=value`` overrides."""
-    data = load_yaml(path)
-    if is_rl4lms_config(data):
-        from engine.rl4lms import convert_rl4lms
-
-        data, _unhonoured = convert_rl4lms(data)
-    for key, value in parse_overrides(overrides or []):
-        set_dotted(data, key, value)
-    return parse_config(data, source=str(path))
-
-
 def json_schema() -> dict[str, Any]:
     return RunConfig.model_json_schema()

@@ -15,6 +15,19 @@ from typing import Any
 import torch
 
 from engine.config import RunConfig
+from engine.data import load_task
+from engine.metrics import build_metrics, compute_all
+from engine.models.loading import (
+    autocast_dtype,
+    detect_kind,
+    load_lm,
+    load_tokenizer,
+    resolve_device,
+    resolve_model_path,
+)
+from engine.models.policy import decoder_start_of
+from engine.registry import algorithms
+from engine.rewards import build_reward
 from engine.rollout import (
     SamplingSpec,
     decode_generations,
@@ -33,14 +46,6 @@ class PolicyContext:
     is_seq2seq: bool
     tokenizer: Any
     device: Any
-
-
-def _metrics_api() -> tuple[Any, Any] | None:
-    try:
-        from engine.metrics import build_metrics, compute_all
-    except ImportError:  # metrics package not installed yet: training still works
-        return None
-    return build_metrics, compute_all
 
 
 @torch.no_grad()
@@ -153,17 +158,14 @@ def score_generations(
         mean = corpus["reward_mean"]
         corpus["reward_std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1))
     if metric_components:
-        api = _metrics_api()
-        if api is not None:
-            build_metrics, compute_all = api
-            objs = build_metrics(metric_components)
-            if policy is not None:
-                for obj in objs:
-                    if hasattr(obj, "bind_policy"):
-                        obj.bind_policy(policy.lm, policy.is_seq2seq, policy.tokenizer, policy.device)
-            c, ps = compute_all(objs, prompts, generations, refs, meta)
-            corpus.update({k: float(v) for k, v in c.items()})
-            per_sample.update(ps)
+        objs = build_metrics(metric_components)
+        if policy is not None:
+            for obj in objs:
+                if hasattr(obj, "bind_policy"):
+                    obj.bind_policy(policy.lm, policy.is_seq2seq, policy.tokenizer, policy.device)
+        c, ps = compute_all(objs, prompts, generations, refs, meta)
+        corpus.update({k: float(v) for k, v in c.items()})
+        per_sample.update(ps)
     extra = reward_details(reward_fn, prompts, generations, refs, meta)
     rows = []
     for i, s in enumerate(samples):
@@ -191,17 +193,6 @@ def evaluate(
     with_reward: bool = True,
 ) -> dict[str, Any]:
     """Evaluate ``model_path`` (default: the config's model) on ``split``; optionally write a results JSON."""
-    from engine.models.loading import (
-        autocast_dtype,
-        detect_kind,
-        load_lm,
-        load_tokenizer,
-        resolve_device,
-        resolve_model_path,
-    )
-    from engine.models.policy import decoder_start_of
-    from engine.trainer import build_reward_fn, load_split
-
     cfg = config
     split = split or cfg.eval.split
     path = resolve_model_path(
@@ -223,14 +214,12 @@ def evaluate(
     device = resolve_device(cfg.model.device)
     amp = autocast_dtype(cfg.model.mixed_precision, device)
     lm = load_lm(path, kind, cfg.model.revision).to(device)
-    samples = load_split(cfg, split)
+    samples = load_task(cfg.task, split)
     if max_samples is not None:
         samples = samples[:max_samples]
     start = decoder_start_of(lm, kind == "seq2seq")
     # An NLPO config is evaluated through the masked generation, as RL4LMs does; the model on disk
     # is the last policy, so it is its own masking policy here (during training: the current mask).
-    from engine.registry import algorithms
-
     algo_cls = algorithms.get(cfg.algorithm.id) if cfg.algorithm.id in algorithms else None
     masked = bool(getattr(algo_cls, "uses_masking_policy", False)) and cfg.algorithm.nlpo.masked_eval
     gens = generate_texts(
@@ -247,7 +236,7 @@ def evaluate(
         masking_lm=lm if masked else None,
         nlpo=cfg.algorithm.nlpo if masked else None,
     )
-    reward_fn = build_reward_fn(cfg) if with_reward else None
+    reward_fn = build_reward(cfg.reward) if with_reward else None
     corpus, rows = score_generations(
         samples,
         gens,

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.config import ConfigError, load_config, parse_config
+from engine.config import ConfigError, parse_config
+from engine.config_files import load_config
 from engine.registry import metrics, rewards, tasks
 from engine.rl4lms import MODEL_MAP_ENV, convert_rl4lms
 
