@@ -208,11 +208,6 @@ class GrueTask:
             return None  # user data never silently mixes with the fixture
         return find_split_file(FIXTURES_DIR / (self.fixture_name or self.task_id), split)
 
-    def has_split(self, split: str) -> bool:
-        if self.hub:
-            return True
-        return self.local_file(split) is not None
-
     def rows(self, split: str) -> list[dict[str, Any]]:
         if self.hub:
             return [dict(r) for r in self.hub_rows(split)]

@@ -74,17 +74,12 @@ def check_inputs(
 
 
 _TOKEN_RE = re.compile(r"\w+(?:[-'’]\w+)*|[^\w\s]", re.UNICODE)
-_PUNCT_RE = re.compile(r"^[^\w\s]+$", re.UNICODE)
 
 
 def simple_tokenize(text: str, lower: bool = True) -> list[str]:
     """Words and single punctuation marks; needs no NLTK download (punkt is not available offline)."""
     toks = _TOKEN_RE.findall(text)
     return [t.lower() for t in toks] if lower else toks
-
-
-def is_punct(token: str) -> bool:
-    return bool(_PUNCT_RE.match(token))
 
 
 def mean(values: Sequence[float]) -> float:
