@@ -244,30 +244,32 @@ def test_rl4lms_learned_reward_alias_includes_prompt_by_default(tmp_path):
 
 
 def test_train_sentiment_learns_and_feeds_the_learned_reward(tmp_path):
-    """A few MiniLM steps on the IMDB fixture: loss falls and the saved directory is a usable reward."""
+    """MiniLM fine-tuned (fp32, CPU) on 16 IMDB fixture reviews; the saved directory, read by the
+    ``learned`` reward, scores the positive reviews above the negative ones.
+
+    Measured with seeds 0-2 (16 steps): final loss 0.027-0.061 (first 0.69); mean reward of the positive
+    reviews 0.625 / 0.985 / 0.018 against 0.008 / 0.12 / 0.005 for the negative ones (ratio 78 / 8.2 /
+    3.6; low absolute values on seed 2 because the reward reads whole reviews, keeping their end, while
+    training saw their first 32 tokens). The test asks for a loss below 0.3 and a ratio above 2.
+    """
     from engine.data.sources import FIXTURES_DIR
-    from engine.tools.train_sentiment import train
+    from engine.tools.train_sentiment import load_rows, train
 
     fixture = FIXTURES_DIR / "imdb" / "train.jsonl"
     out = tmp_path / "sentiment"
     m = train(
-        fixture,
-        fixture,
-        out,
-        epochs=4,
-        batch_size=8,
-        lr=1e-4,
-        max_length=32,
-        max_train=16,
-        max_eval=16,
+        fixture, None, out, epochs=8, batch_size=8, lr=5e-4, max_length=32, max_train=16, seed=0,
         log=lambda *_: None,
-    )
-    assert m["final_loss"] < m["first_loss"]
-    assert m["accuracy"] >= 0.75  # fits its 16 training reviews
+    )  # fmt: skip
+    assert m["steps"] == 16 and m["final_loss"] < 0.3 < m["first_loss"]
     assert (out / "training_metrics.json").exists()
+    texts, labels = load_rows(fixture, 16, 0)  # the reviews it was trained on
+    assert 0 < sum(labels) < len(labels)
     r = build_reward({"id": "learned", "args": {"model_path": str(out), "label_index": "POSITIVE"}})
-    pos, neg = r(["", ""], [POSITIVE, NEGATIVE], [[], []], [{}, {}])
-    assert 0 <= neg <= 1 and 0 <= pos <= 1
+    scores = r([""] * len(texts), texts, [[]] * len(texts), [{}] * len(texts))
+    pos = [s for s, y in zip(scores, labels) if y == 1]
+    neg = [s for s, y in zip(scores, labels) if y == 0]
+    assert sum(pos) / len(pos) > 2 * sum(neg) / len(neg), (pos, neg)
 
 
 def test_learned_reward_bf16_autocast_is_close_to_fp32(tmp_path):
