@@ -1,7 +1,7 @@
 """Peak memory of one PPO iteration on SmolLM2-135M with and without LoRA (CPU: peak RSS).
 
 Not a test. Each variant runs in its own fresh Python process (so one variant's freed memory cannot
-hide the other's peak): ``engine.train`` with one PPO iteration (8 prompts x 32 tokens, shared value
+hide the other's peak): ``engine.train`` with one PPO iteration (4 prompts x 16 tokens, shared value
 head, fp32), evaluation on one prompt, no final model. The process's peak resident set (``VmHWM`` from
 ``/proc/self/status``, kept by the kernel, so no sampling gap) and its trainable parameter count are
 printed; the parent adds the load from ``uptime``.
@@ -52,9 +52,9 @@ def config(variant: str, out: str) -> dict:
             "max_eval_samples": 1,
         },
         "reward": {"id": "increasing_numbers", "args": {"min_tokens": 20}},
-        "rollout": {"max_new_tokens": 32, "min_new_tokens": 32, "batch_size": 8},
-        "algorithm": {"id": "ppo", "n_epochs": 1, "minibatch_size": 8},
-        "train": {"n_iters": 1, "prompts_per_iter": 8, "eval_every": 0, "save_every": 0, "output_dir": out,
+        "rollout": {"max_new_tokens": 16, "min_new_tokens": 16, "batch_size": 4},
+        "algorithm": {"id": "ppo", "n_epochs": 1, "minibatch_size": 4},
+        "train": {"n_iters": 1, "prompts_per_iter": 4, "eval_every": 0, "save_every": 0, "output_dir": out,
                   "save_final_model": False, "log_samples": 0},
         "eval": {"generation": {"max_new_tokens": 1, "do_sample": False}},
     }  # fmt: skip
