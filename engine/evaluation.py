@@ -26,6 +26,7 @@ from engine.models.loading import (
     resolve_model_path,
 )
 from engine.models.policy import decoder_start_of
+from engine.models.precision import autocast
 from engine.registry import algorithms
 from engine.rewards import build_reward
 from engine.rollout import (
@@ -86,9 +87,7 @@ def generate_texts(
         chunk = prompts[start : start + gen_cfg.batch_size]
         ids, mask = tokenize_prompts(tokenizer, chunk, max_prompt_length, device, side)
         if gen_cfg.num_beams > 1:
-            with torch.autocast(
-                device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
-            ):
+            with autocast(device, autocast_dtype):
                 res = lm.generate(
                     input_ids=ids,
                     attention_mask=mask,

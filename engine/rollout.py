@@ -36,6 +36,7 @@ from engine.models.policy import (
     lm_forward,
     restrict_logprobs,
 )
+from engine.models.precision import autocast
 
 
 @dataclass
@@ -201,9 +202,7 @@ def generate(
     """Sample a batch of episodes; an episode ends at EOS or after ``max_new_tokens``."""
     device = prompt_ids.device
     bsz = prompt_ids.shape[0]
-    with torch.autocast(
-        device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
-    ):
+    with autocast(device, autocast_dtype):
         pol = _IncrementalLM(lm, is_seq2seq, prompt_ids, prompt_mask, decoder_start_id)
         msk = (
             _IncrementalLM(masking_lm, is_seq2seq, prompt_ids, prompt_mask, decoder_start_id)
@@ -357,9 +356,7 @@ def score(
     """
     device = inputs["gen_ids"].device
     ids = inputs["gen_ids"]
-    with torch.autocast(
-        device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
-    ):
+    with autocast(device, autocast_dtype):
         logits, values = policy.forward_tokens(inputs, want_values=True)
     full = full_logprobs(logits, temperature)
     del logits
@@ -370,9 +367,7 @@ def score(
         del full
     kl = None
     if ref_lm is not None:
-        with torch.autocast(
-            device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
-        ):
+        with autocast(device, autocast_dtype):
             r_logits, _ = lm_forward(
                 ref_lm,
                 policy.is_seq2seq,

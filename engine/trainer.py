@@ -26,6 +26,7 @@ import torch
 
 from engine.config import RunConfig, parse_config
 from engine.events import MultiSink
+from engine.models.precision import autocast
 from engine.sinks import RunDirSink
 
 STATE_FILE = "state.pt"
@@ -213,9 +214,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- helpers
     def _autocast(self):
-        return torch.autocast(
-            self.device.type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None
-        )
+        return autocast(self.device, self.amp)
 
     @property
     def wants_rl(self) -> bool:

@@ -21,6 +21,7 @@ import torch
 from engine.algorithms.base import Algorithm
 from engine.algorithms.ppo import _trim
 from engine.models.policy import entropy_from_logprobs, processed_logprobs
+from engine.models.precision import autocast
 from engine.registry import algorithms
 from engine.rollout import gather_logprobs
 
@@ -85,9 +86,7 @@ class A2C(Algorithm):
         optimizer.zero_grad(set_to_none=True)
         for idx in torch.arange(len(batch), device=device).split(cfg.minibatch_size):
             inputs, tsl, support = _trim(batch, idx)
-            with torch.autocast(
-                device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
-            ):
+            with autocast(device, autocast_dtype):
                 logits, values = policy.forward_tokens(inputs, want_values=True)
             # Log-probs of the distribution sampled from; the entropy is the full tempered distribution's.
             logp_all = processed_logprobs(logits, temperature, support)

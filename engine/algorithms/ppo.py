@@ -13,6 +13,7 @@ import torch
 
 from engine.algorithms.base import Algorithm
 from engine.models.policy import entropy_from_logprobs, full_logprobs, restrict_logprobs
+from engine.models.precision import autocast
 from engine.registry import algorithms
 from engine.rollout import gather_logprobs
 
@@ -169,9 +170,7 @@ class PPO(Algorithm):
         cfg = self.cfg
         inputs, tsl, support = _trim(batch, idx)
         device = inputs["gen_ids"].device
-        with torch.autocast(
-            device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
-        ):
+        with autocast(device, autocast_dtype):
             logits, values = policy.forward_tokens(inputs, want_values=True)
         # The ratio uses the distribution sampled from (restricted to the stored support); the entropy
         # is the full tempered distribution's, the same one the KL penalty is computed on.

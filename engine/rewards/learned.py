@@ -106,11 +106,13 @@ class LearnedReward:
         )
 
     def scores(self, texts: list[str]) -> list[float]:
+        # Lazy on purpose: importing engine.rewards imports every reward module, and it stays torch-free.
         import torch
 
+        from engine.models.precision import autocast
+
         out: list[float] = []
-        use_bf16 = self.precision == "bf16"
-        dev_type = "cuda" if self.device.startswith("cuda") else "cpu"
+        amp = torch.bfloat16 if self.precision == "bf16" else None
         for i in range(0, len(texts), self.batch_size):
             enc = self.tokenizer(
                 texts[i : i + self.batch_size],
@@ -119,7 +121,7 @@ class LearnedReward:
                 truncation=True,
                 max_length=self.max_length,
             ).to(self.device)
-            with torch.inference_mode(), torch.autocast(dev_type, dtype=torch.bfloat16, enabled=use_bf16):
+            with torch.inference_mode(), autocast(self.device, amp):
                 logits = self.model(**enc).logits.float()
             if self.num_labels == 1:
                 out.extend(logits[:, 0].tolist())
