@@ -216,14 +216,19 @@ class TRPO(Algorithm):
         if max_step > 0.0:
             search = backtracking_line_search(
                 evaluate,
-                float(objective),
+                float(objective.detach()),
                 t.target_kl,
                 t.line_search_shrinking_factor,
                 t.line_search_max_iter,
             )
         else:  # no direction (e.g. every advantage 0): nothing to search
             search = dict(
-                accepted=0.0, fraction=0.0, tries=0, kl=0.0, objective=float(objective), full_step_kl=0.0
+                accepted=0.0,
+                fraction=0.0,
+                tries=0,
+                kl=0.0,
+                objective=float(objective.detach()),
+                full_step_kl=0.0,
             )
         if not search["accepted"]:
             _set_flat(actor, before)  # no acceptable step: keep the rollout policy
