@@ -24,9 +24,40 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.algorithms.ppo import explained_variance, gae, kl_penalty_rewards, masked_mean, whiten
+from engine.algorithms.sft import build_sft_batch, sft_loss, sft_pairs, sft_schedule
 from engine.config import RunConfig, parse_config
+from engine.data import load_task
+from engine.evaluation import (
+    PolicyContext,
+    eval_results,
+    generate_texts,
+    reward_details,
+    score_generations,
+    write_eval_results,
+)
 from engine.events import MultiSink
+from engine.kl import build_kl_controller
+from engine.models.loading import (
+    autocast_dtype,
+    detect_kind,
+    load_lm,
+    load_tokenizer,
+    resolve_device,
+    resolve_model_path,
+)
+from engine.models.lora import (
+    AdapterDisabledReference,
+    apply_lora,
+    load_trainable_state,
+    save_lora_model,
+    trainable_state,
+)
+from engine.models.policy import ActorCritic, frozen_copy
 from engine.models.precision import autocast
+from engine.registry import algorithms
+from engine.rewards import build_reward
+from engine.rollout import SamplingSpec, collect
 from engine.sinks import RunDirSink
 
 STATE_FILE = "state.pt"
@@ -60,14 +91,10 @@ def _support_stats(support: Any, mask: torch.Tensor) -> dict[str, float]:
 
 
 def load_split(cfg: RunConfig, split: str) -> list[Any]:
-    from engine.data import load_task
-
     return load_task(cfg.task, split)
 
 
 def build_reward_fn(cfg: RunConfig) -> Any:
-    from engine.rewards import build_reward
-
     return build_reward(cfg.reward)
 
 
@@ -155,17 +182,6 @@ class Trainer:
         should_stop: Any = None,
         resume_from: str | None = None,
     ):
-        from engine.models.loading import (
-            autocast_dtype,
-            detect_kind,
-            load_lm,
-            load_tokenizer,
-            resolve_device,
-            resolve_model_path,
-        )
-        from engine.models.policy import ActorCritic, frozen_copy
-        from engine.registry import algorithms
-
         self.cfg = cfg
         self.events = events
         self.run_dir = run_dir
@@ -191,8 +207,6 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             lm.gradient_checkpointing_enable()
         if cfg.model.lora.enabled:
-            from engine.models.lora import apply_lora
-
             apply_lora(lm, cfg.model.lora)  # in place: base frozen, adapter trainable
         self.policy = ActorCritic(lm, self.kind == "seq2seq", cfg.model.value_head).to(self.device)
         self.frozen_copy = frozen_copy
@@ -234,8 +248,6 @@ class Trainer:
         task = self.cfg.supervised.task
         if task is None:
             return self._train_samples()
-        from engine.data import load_task
-
         return load_task(task, "train")
 
     def _eval_samples(self) -> list[Any]:
@@ -275,22 +287,16 @@ class Trainer:
     def _reference_of_policy(self) -> Any:
         """The starting policy as a frozen reference: a copy, or with LoRA the adapter switched off."""
         if self.lora:
-            from engine.models.lora import AdapterDisabledReference
-
             return AdapterDisabledReference(self.policy.lm)
         return self.frozen_copy(self.policy.lm)
 
     def _policy_state(self) -> dict[str, Any]:
         """What a checkpoint stores of the policy: everything, or with LoRA the adapter and value head."""
         if self.lora:
-            from engine.models.lora import trainable_state
-
             return trainable_state(self.policy)
         return self.policy.state_dict()
 
     def _setup_reference(self) -> None:
-        from engine.models.loading import load_lm, resolve_model_path
-
         if self.ref_lm is not None or not getattr(self.algo, "needs_reference", True):
             return  # critic-free algorithms with beta 0 never load a reference
         if self.ref_path:
@@ -362,8 +368,6 @@ class Trainer:
                 f"only; tampered, or written by an older version): {str(exc).splitlines()[0][:300]}"
             ) from None
         if self.lora:
-            from engine.models.lora import load_trainable_state
-
             load_trainable_state(self.policy, state["policy"])
         else:
             self.policy.load_state_dict(state["policy"])
@@ -376,8 +380,6 @@ class Trainer:
     # ----------------------------------------------------------------- SFT
     def run_sft(self, resume_state: dict[str, Any] | None) -> bool:
         """Supervised phase; returns False when stopped early (a checkpoint was written)."""
-        from engine.algorithms.sft import build_sft_batch, sft_loss, sft_pairs, sft_schedule
-
         sc = self.cfg.supervised
         task_id = (sc.task or self.cfg.task).id
         pairs = sft_pairs(self._sft_samples())
@@ -433,8 +435,6 @@ class Trainer:
     # ----------------------------------------------------------------- RL
     def _eval(self, step: int, final: bool = False) -> dict[str, float]:
         """Generate on the eval split; all rows go to the sink at the end, ``log_samples`` rows before."""
-        from engine.evaluation import PolicyContext, generate_texts, score_generations
-
         samples = self._eval_samples()
         masked = getattr(self.algo, "uses_masking_policy", False) and self.cfg.algorithm.nlpo.masked_eval
         gens = generate_texts(
@@ -467,9 +467,6 @@ class Trainer:
         return values
 
     def rl_iteration(self) -> dict[str, float]:
-        from engine.algorithms.ppo import explained_variance, gae, kl_penalty_rewards, masked_mean, whiten
-        from engine.rollout import SamplingSpec, collect
-
         cfg = self.cfg
         it = self.iteration
         t0 = time.perf_counter()
@@ -563,8 +560,6 @@ class Trainer:
         self.events.metrics(self.iteration, metrics)
         n_log = min(cfg.train.log_samples, len(batch))
         if n_log:
-            from engine.evaluation import reward_details
-
             extra = reward_details(
                 self.reward_fn,
                 batch.prompts[:n_log],
@@ -588,8 +583,6 @@ class Trainer:
 
     # ----------------------------------------------------------------- main
     def run(self) -> dict[str, Any]:
-        from engine.kl import build_kl_controller
-
         cfg = self.cfg
         self.events.run_started(cfg.to_dict(), str(self.run_dir))
         needs_ref = getattr(self.algo, "needs_reference", True)
@@ -683,8 +676,6 @@ class Trainer:
     def _write_eval_results(self, model_dir: Path | None) -> Path:
         """The final evaluation in the format of ``python -m engine eval --output``, so a run and a
         later re-evaluation of its model compare file to file."""
-        from engine.evaluation import eval_results, write_eval_results
-
         corpus, rows = self.final_eval
         if model_dir is not None:
             model = str(model_dir)
@@ -703,8 +694,6 @@ class Trainer:
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         if self.lora:
-            from engine.models.lora import save_lora_model
-
             save_lora_model(self.policy.lm, tmp, self.cfg.model.lora.save)
         else:
             self.policy.lm.save_pretrained(str(tmp))
