@@ -32,6 +32,7 @@ from engine.models.policy import (
     decoder_prefix,
     entropy_from_logprobs,
     full_logprobs,
+    gather_logprobs,
     kl_from_logprobs,
     lm_forward,
     restrict_logprobs,
@@ -240,10 +241,6 @@ def generate(
     elif record_support and spec.min_new_tokens > 0 and spec.eos_id is not None:
         support = EosBan(spec.eos_id, spec.min_new_tokens)
     return Generated(gen_ids, gen_mask, support, torch.stack(logps, dim=1))
-
-
-def gather_logprobs(logp: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    return logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 
 
 @dataclass

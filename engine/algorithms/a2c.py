@@ -20,10 +20,9 @@ import torch
 
 from engine.algorithms.base import Algorithm
 from engine.algorithms.ppo import _trim
-from engine.models.policy import entropy_from_logprobs, processed_logprobs
+from engine.models.policy import entropy_from_logprobs, gather_logprobs, processed_logprobs
 from engine.models.precision import autocast
 from engine.registry import algorithms
-from engine.rollout import gather_logprobs
 
 
 def a2c_loss(

@@ -28,9 +28,8 @@ import torch
 from engine.algorithms.base import Algorithm
 from engine.algorithms.ppo import _trim, kl_penalty_rewards, masked_mean, whiten
 from engine.kl import kl_estimate
-from engine.models.policy import entropy_from_logprobs, full_logprobs, restrict_logprobs
+from engine.models.policy import entropy_from_logprobs, full_logprobs, gather_logprobs, restrict_logprobs
 from engine.registry import algorithms
-from engine.rollout import gather_logprobs
 
 #: TRL's epsilon in GRPO's std scaling: a group of equal rewards gets 0 / (0 + 1e-4) = 0, never NaN.
 GRPO_STD_EPS = 1e-4

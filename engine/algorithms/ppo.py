@@ -12,10 +12,9 @@ from typing import Any
 import torch
 
 from engine.algorithms.base import Algorithm
-from engine.models.policy import entropy_from_logprobs, full_logprobs, restrict_logprobs
+from engine.models.policy import entropy_from_logprobs, full_logprobs, gather_logprobs, restrict_logprobs
 from engine.models.precision import autocast
 from engine.registry import algorithms
-from engine.rollout import gather_logprobs
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

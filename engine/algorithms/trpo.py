@@ -32,9 +32,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.algorithms.base import Algorithm
 from engine.algorithms.ppo import _trim, masked_mean
-from engine.models.policy import entropy_from_logprobs, processed_logprobs
+from engine.models.policy import entropy_from_logprobs, gather_logprobs, processed_logprobs
 from engine.registry import algorithms
-from engine.rollout import gather_logprobs
 
 _LOG_ZERO = -1e30  # excluded tokens (-inf) clamp here: p = 0 there, and log p - log q = 0, never NaN
 

@@ -228,6 +228,12 @@ def processed_logprobs(
     return torch.log_softmax(x, dim=-1)
 
 
+def gather_logprobs(logp: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """The log-prob of each taken action, from (B, T, V) log-probs and (B, T) actions; it lives with
+    ``processed_logprobs``/``full_logprobs`` because every caller gathers from one of those."""
+    return logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
 def full_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Log-probs of the whole vocabulary at the sampling temperature, before any top-k/top-p/NLPO cut.
 
