@@ -1,11 +1,11 @@
-"""Learning, not just running: PPO and NLPO raise the reward and beat a negative control; SFT lowers the loss.
+"""Learning, not just running: PPO raises the reward and beats a negative control; SFT lowers the loss.
 
 The reward is ``digit_fraction`` on the synthetic task: a random tiny model starts near 0.02 (about 3%
 of GPT-2 tokens contain a digit) and a working policy-gradient learner drives it towards 1. The
 negative control is the same run with the rewards shuffled across the batch (same distribution and
 update sizes, no relation to the generation): it must not rise, and the real run must clear it by a
-wide margin. NLPO runs with a mask that really restricts the vocabulary (``top_mask: 0.1``: the action
-space is a few percent of the vocabulary, logged as ``rollout/support_frac``).
+wide margin. NLPO with a mask that really restricts the vocabulary (``top_mask: 0.1``: a few percent of
+the vocabulary, logged as ``rollout/support_frac``) was measured below but is not yet stable enough to test.
 
 Runs are fp32 on CPU (bf16 autocast on CPU is both slower and less reproducible). The comment above
 ``RL`` records what the settings gave over several seeds while the thresholds were chosen.
