@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.jsonl import iter_jsonl
+
 METADATA_FILE = "grue_reward_model.json"
 
 
@@ -68,16 +70,7 @@ def resolve_backbone(name: str | None) -> str:
 def parse_pairs(lines: Sequence[str] | Any, source: str = "pairs") -> list[PreferencePair]:
     """Validate JSONL preference pairs; the first bad line raises PairsError naming line and field."""
     out: list[PreferencePair] = []
-    for lineno, raw in enumerate(lines, 1):
-        line = raw.strip() if isinstance(raw, str) else raw.decode("utf-8").strip()
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PairsError(f"{source}: line {lineno}: invalid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise PairsError(f"{source}: line {lineno}: expected a JSON object")
+    for lineno, obj in iter_jsonl(lines, source, error=PairsError):
         for key in ("prompt", "chosen", "rejected"):
             if key not in obj:
                 raise PairsError(f"{source}: line {lineno}: missing field '{key}'")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.data.base import SPLITS, Sample
+from engine.jsonl import read_jsonl
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
 LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
@@ -59,19 +60,7 @@ def read_records(path: str | Path, task_id: str = "task") -> list[dict[str, Any]
         raise DataError(f"task {task_id!r}: {p} is a directory; give a JSON/JSONL/CSV file")
     suffix = p.suffix.lower()
     if suffix == ".jsonl":
-        rows = []
-        with p.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"task {task_id!r}: {p}: line {lineno}: bad JSON: {exc.msg}") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"task {task_id!r}: {p}: line {lineno}: expected a JSON object per line")
-                rows.append(row)
-        return rows
+        return read_jsonl(p, source=f"task {task_id!r}: {p}", error=DataError)
     if suffix == ".json":
         text = p.read_text(encoding="utf-8")
         try:
@@ -98,14 +87,7 @@ def read_records(path: str | Path, task_id: str = "task") -> list[dict[str, Any]
 
 
 def read_records_lines(p: Path, task_id: str) -> list[dict[str, Any]]:
-    rows = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"task {task_id!r}: {p}: line {lineno}: bad JSON: {exc.msg}") from None
-    return rows
+    return read_jsonl(p, source=f"task {task_id!r}: {p}", error=DataError, objects_only=False)
 
 
 def find_split_file(directory: Path, split: str) -> Path | None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from engine import jsonl
 from engine.metrics.base import Metric, MetricError, MetricResult, check_inputs
 
 ACTS = {1: "inform", 2: "question", 3: "directive", 4: "commissive"}
@@ -73,15 +74,7 @@ def dialogue_examples(rows: list[dict[str, Any]], where: str = "data") -> tuple[
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise MetricError(f"{path}: line {n}: invalid JSON: {exc}") from exc
-    return rows
+    return jsonl.read_jsonl(path, error=MetricError, objects_only=False)
 
 
 class IntentClassifier:

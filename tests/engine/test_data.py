@@ -248,7 +248,7 @@ def test_missing_local_file_names_path_and_fix(tmp_path):
 def test_bad_json_line_and_missing_field_are_named(tmp_path):
     f = tmp_path / "train.jsonl"
     f.write_text('{"text": "ok", "label": 1}\n{"text": broken}\n', encoding="utf-8")
-    with pytest.raises(DataError, match=r"train.jsonl: line 2: bad JSON"):
+    with pytest.raises(DataError, match=r"train.jsonl: line 2: invalid JSON"):
         load_task(TaskConfig(id="imdb", args={"train_path": str(f), "validation_path": str(f)}), "train")
     g = write_jsonl(tmp_path / "t.jsonl", [{"review_text": "x"}])
     with pytest.raises(DataError, match=r"missing field 'text' / 'review'"):

@@ -1,0 +1,48 @@
+"""The one JSON-lines reader of the engine.
+
+Data files, preference pairs, intent-classifier fixtures and run outboxes are all JSON lines; reading
+them in one place gives every caller the same rules (blank lines skipped, one object per line) and an
+error that names the file and line, raised as the caller's own exception type so its users see the
+message they already expect.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def iter_jsonl(
+    lines: Iterable[str | bytes],
+    source: str,
+    *,
+    error: type[Exception] = ValueError,
+    objects_only: bool = True,
+) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line number, value)`` for each non-blank line; a bad line raises ``error``."""
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{source}: line {lineno}: invalid JSON ({exc.msg})") from None
+        if objects_only and not isinstance(value, dict):
+            raise error(f"{source}: line {lineno}: expected a JSON object per line")
+        yield lineno, value
+
+
+def read_jsonl(
+    path: str | Path,
+    *,
+    source: str | None = None,
+    error: type[Exception] = ValueError,
+    objects_only: bool = True,
+) -> list[Any]:
+    """All values of a JSON-lines file, in order (see ``iter_jsonl``)."""
+    p = Path(path)
+    with p.open(encoding="utf-8") as fh:
+        return [v for _n, v in iter_jsonl(fh, source or str(p), error=error, objects_only=objects_only)]
