@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from engine.client import ApiError, Client
 from engine.events import NullSink
+from engine.jsonl import iter_jsonl
 
 
 def outbox_path(spool: Path, run_id: int) -> Path:
@@ -302,8 +303,7 @@ def push_outbox(client: Client, run_dir: str | Path) -> dict[int, tuple[int, int
         ack = acked_path(spool, run_id)
         acked = json.loads(ack.read_text())["seq"] if ack.exists() else 0
         sent = dup = 0
-        for line in outbox.read_text(encoding="utf-8").splitlines():
-            item = json.loads(line)
+        for _lineno, item in iter_jsonl(outbox.read_text(encoding="utf-8").splitlines(), str(outbox)):
             if item["seq"] <= acked:
                 continue
             if item["kind"] == "events":
