@@ -174,7 +174,8 @@ def test_every_metric_gives_finite_per_sample_and_corpus_values_and_serves_as_re
     prompts = ["Hello . <EOU>Where is it ? <EOU>", "x <EOU>"]
     gens = ["", "It is on the table ."]
     refs = [["It is there .<EOU>"], ["It is on the table ."]]
-    meta = [{"intent": [1], "raw_table": table}] * 2
+    # "answer": the gold number the maths metric (math_accuracy) compares against.
+    meta = [{"intent": [1], "raw_table": table, "answer": "42"}] * 2
     ids = [
         i
         for i in metrics.ids()
