@@ -127,7 +127,9 @@ def _close_remote(remote: Any) -> None:
 
 def cmd_push(args: argparse.Namespace) -> int:
     try:
-        client = Client(args.report_to or os.environ.get("GRUE_URL"), args.token or os.environ.get("GRUE_TOKEN"))
+        client = Client(
+            args.report_to or os.environ.get("GRUE_URL"), args.token or os.environ.get("GRUE_TOKEN")
+        )
         done = push_outbox(client, args.run_dir)
     except (ValueError, ApiError) as exc:
         raise CLIError(str(exc)) from None
@@ -255,9 +257,13 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--preset", metavar="NAME", help="start from a named preset (see `presets`)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument(
-        "--report-to", metavar="URL", help="stream the run into a GRUE Studio dashboard (env GRUE_URL); docs/api.md"
+        "--report-to",
+        metavar="URL",
+        help="stream the run into a GRUE Studio dashboard (env GRUE_URL); docs/api.md",
     )
-    t.add_argument("--token", help="API token for --report-to (env GRUE_TOKEN; create one at /settings/tokens/)")
+    t.add_argument(
+        "--token", help="API token for --report-to (env GRUE_TOKEN; create one at /settings/tokens/)"
+    )
     t.set_defaults(func=cmd_train)
 
     pu = sub.add_parser("push", help="send a streamed run's undelivered batches (its remote/ outbox)")

@@ -66,7 +66,9 @@ class LoraSettings(Strict):
     )
     r: int = Field(8, ge=1, description="Rank of the adapter's update matrices.")
     alpha: float = Field(16.0, gt=0, description="Scaling numerator: the update is scaled by alpha / r.")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input (0 keeps PPO ratios exact).")
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="Dropout on the adapter's input (0 keeps PPO ratios exact)."
+    )
     target_modules: list[str] = Field(
         default_factory=list,
         description=(

@@ -110,7 +110,11 @@ def _rng_state() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
-        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "python": {
+            "version": int(version),
+            "state": torch.tensor(internal, dtype=torch.int64),
+            "gauss": gauss,
+        },
         "numpy": {
             "kind": str(kind),
             "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),

@@ -69,7 +69,12 @@ def test_results_button_exports_pairs_and_prefills_the_launch_form(researcher_cl
     html = launch.content.decode()
     assert "preference_pairs" in html and "6 preference pairs exported" in html
     # The form, generated from the schema, has the DPO and LoRA sections.
-    for field in ("algorithm__dpo__beta", "algorithm__dpo__loss_type", "model__lora__enabled", "model__lora__r"):
+    for field in (
+        "algorithm__dpo__beta",
+        "algorithm__dpo__loss_type",
+        "model__lora__enabled",
+        "model__lora__r",
+    ):
         assert f'name="{field}"' in html, field
 
 

@@ -72,7 +72,6 @@ def sort_mark(context: dict[str, Any], column: str) -> str:
     return "▼" if current.startswith("-") else "▲"
 
 
-
 @register.filter
 def dotted(name: str) -> str:
     """Form field name → config path (``algorithm__nlpo__top_mask`` → ``algorithm.nlpo.top_mask``)."""
