@@ -16,7 +16,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -232,9 +231,15 @@ def test_up_restarts_killed_children_and_services_and_leaves_no_orphans(wait_for
             assert proc.returncode == 0, text
             assert "stopped" in text
             # No orphan: every process up ever started (workers, watchdog, web, Redis) is gone.
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and any(_alive(c) for c in seen):
-                time.sleep(0.2)
+            try:
+                wait_for(
+                    lambda: not any(_alive(c) for c in seen),
+                    timeout=10,
+                    interval=0.2,
+                    what="every child of up to exit",
+                )
+            except AssertionError:
+                pass  # the assertion below names the survivors
             left = [c for c in seen if _alive(c)]
             assert not left, left
             assert not (data_dir / "postgres" / "postmaster.pid").exists()
