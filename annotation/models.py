@@ -272,3 +272,92 @@ class RewardModel(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
+
+
+# --------------------------------------------------------------------------------------------------
+# AI judges (annotation/ai_judges.py). They are not users: an AI judge is a row of its campaign and its
+# judgments live in their own table, so no human-only query (assignment slots, agreement between
+# annotators, exports) can pick them up by accident; results combine them only when asked (source).
+# --------------------------------------------------------------------------------------------------
+
+
+class AIJudgeKind(models.TextChoices):
+    LOCAL = "local", "local causal LM"
+    ENDPOINT = "endpoint", "OpenAI-compatible chat endpoint"
+
+
+class AIJudgeStatus(models.TextChoices):
+    IDLE = "idle", "not run yet"
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class AIJudge(models.Model):
+    """An AI annotator of a pairwise campaign. ``api_key`` stays on the server: pages only say whether
+    one is set (``has_key``)."""
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="ai_judges")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=AIJudgeKind.choices, default=AIJudgeKind.LOCAL)
+    # Local: "smollm2" (the offline wheel), "builtin:…", a hub id or a directory in the read roots;
+    # endpoint: the model name sent in the request.
+    model = models.CharField(max_length=500, default="smollm2")
+    base_url = models.CharField(max_length=500, blank=True)
+    api_key = models.CharField(max_length=500, blank=True)
+    prompt_template = models.TextField()
+    status = models.CharField(max_length=16, choices=AIJudgeStatus.choices, default=AIJudgeStatus.IDLE)
+    task_id = models.CharField(max_length=64, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    n_total = models.PositiveIntegerField(default=0)
+    n_done = models.PositiveIntegerField(default=0)
+    n_errors = models.PositiveIntegerField(default=0)
+    eta_seconds = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["campaign", "name"], name="ai_judge_name_uniq")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def has_key(self) -> bool:
+        return bool(self.api_key)
+
+    @property
+    def progress(self) -> float:
+        return self.n_done / self.n_total if self.n_total else 0.0
+
+
+class AIJudgment(models.Model):
+    """One pass of an AI judge over an item: ``a_first`` says whether system a's output was shown first.
+
+    ``label`` is the verdict in prompt terms ("A" = the first response, "B" = the second, "" = none),
+    ``choice`` the same in system terms ("a", "b" or "tie"). The item's verdict combines its two passes
+    (``ai_judges.item_verdict``): the same system twice, else a tie.
+    """
+
+    judge = models.ForeignKey(AIJudge, on_delete=models.CASCADE, related_name="judgments")
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="ai_judgments")
+    item = models.ForeignKey(Item, on_delete=models.CASCADE, related_name="ai_judgments")
+    a_first = models.BooleanField()
+    label = models.CharField(max_length=8, blank=True)
+    choice = models.CharField(max_length=16, choices=Choice.choices)
+    p_first = models.FloatField(null=True, blank=True)  # local LM: next-token probability of "A"
+    p_second = models.FloatField(null=True, blank=True)  # … and of "B"
+    reply = models.TextField(blank=True)  # endpoint: the raw reply (kept when it has no verdict)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["judge", "item", "a_first"], name="ai_judgment_pass_uniq")
+        ]

@@ -497,3 +497,66 @@ def metric_human_agreement(pairs: Iterable[dict[str, Any]]) -> dict[str, dict[st
             "discordant": int(a["disc"]),
         }
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# AI judges vs humans
+# --------------------------------------------------------------------------------------------------
+
+
+def ai_judge_agreement(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Position bias of an AI judge and its agreement with the human majority.
+
+    Each row is one item judged twice: ``passes`` = two ``(label, choice)`` — ``label`` "A"/"B" is the
+    position that won ("A" = shown first, "" = no verdict), ``choice`` the same in system terms
+    ("a"/"b"/"tie") — and ``human``, the human majority label or None. The item's AI verdict is the
+    system both passes chose, else "tie" (inconsistent pairs count as ties).
+
+    - ``first_position_rate``: share of decided passes won by the response shown first, before the
+      consistency rule (0.5 = no position bias), over ``n_decided_passes``.
+    - ``inconsistency_rate``: share of items whose two passes both decided, for different systems.
+    - ``kappa``: Cohen's kappa of AI verdicts against the human majority on the items that have one
+      (``n_kappa``); "both bad" counts as a tie there, since the AI says only a, b or tie.
+    - ``accuracy``: on items decided by both the humans and the AI (``n_accuracy``), the share where
+      they agree; ``coverage``: the share of human-decided items that the AI decided.
+    """
+    rows = list(rows)
+    verdicts: Counter[str] = Counter()
+    first_wins = decided_passes = inconsistent = 0
+    ai_lab, hum_lab = [], []
+    acc_n = acc_ok = human_decided = 0
+    for r in rows:
+        (l1, c1), (l2, c2) = r["passes"]
+        for lab in (l1, l2):
+            if lab in ("A", "B"):
+                decided_passes += 1
+                first_wins += lab == "A"
+        if c1 in ("a", "b") and c2 in ("a", "b") and c1 != c2:
+            inconsistent += 1
+        v = c1 if c1 == c2 and c1 in ("a", "b") else "tie"
+        verdicts[v] += 1
+        h = r.get("human")
+        if h is None:
+            continue
+        h = "tie" if h in TIE_OUTCOMES else h
+        ai_lab.append(v)
+        hum_lab.append(h)
+        if h in ("a", "b"):
+            human_decided += 1
+            if v in ("a", "b"):
+                acc_n += 1
+                acc_ok += v == h
+    n = len(rows)
+    return {
+        "n_items": n,
+        "verdicts": {k: verdicts.get(k, 0) for k in ("a", "b", "tie")},
+        "n_decided_passes": decided_passes,
+        "first_position_rate": first_wins / decided_passes if decided_passes else None,
+        "n_inconsistent": inconsistent,
+        "inconsistency_rate": inconsistent / n if n else None,
+        "n_kappa": len(ai_lab),
+        "kappa": cohen_kappa(ai_lab, hum_lab) if ai_lab else None,
+        "n_accuracy": acc_n,
+        "accuracy": acc_ok / acc_n if acc_n else None,
+        "coverage": acc_n / human_decided if human_decided else None,
+    }

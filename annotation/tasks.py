@@ -1,4 +1,5 @@
-"""Celery task: train a reward model from a campaign's pairwise judgments, with progress."""
+"""Celery tasks: train a reward model from a campaign's pairwise judgments; run an AI judge over a
+campaign. Both record their progress on their row."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 from celery import shared_task
 from django.db import close_old_connections
 
+from annotation.ai_judges import JUDGE_TASK, run_judging
 from annotation.reward_models import TRAIN_TASK, run_reward_training
 
 log = logging.getLogger(__name__)
@@ -24,3 +26,17 @@ def train_reward_model(reward_model_id: int) -> dict:
     finally:
         close_old_connections()
     return {"id": rm.pk, "status": rm.status, "heldout_accuracy": (rm.metrics or {}).get("heldout_accuracy")}
+
+
+@shared_task(name=JUDGE_TASK)
+def run_ai_judge(judge_id: int, task_id: str | None = None) -> dict:
+    """Receives an id and the task id chosen at queueing (a stale or cancelled message judges nothing)."""
+    close_old_connections()
+    try:
+        judge = run_judging(judge_id, task_id=task_id)
+    except Exception:
+        log.exception("AI judge %s failed", judge_id)
+        raise
+    finally:
+        close_old_connections()
+    return {"id": judge.pk, "status": judge.status, "done": judge.n_done, "errors": judge.n_errors}
