@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from django.http import HttpRequest
 
+from annotation.ai_judges import check_source
 from annotation.errors import AnnotationError
 from annotation.exports import preference_pairs
 from annotation.models import Campaign, CampaignKind
@@ -36,20 +38,30 @@ LEARNING_RATE = 1e-6
 MODEL_KEYS = ("name_or_path", "type", "revision", "gguf_file", "device", "mixed_precision")
 
 
-def pairs_path(camp: Campaign) -> Path:
+def pairs_path(camp: Campaign, source: str = "human") -> Path:
     """Where a campaign's pairs are written: beside the trained reward models, in the runs directory
-    (``<GRUE_DATA_DIR>/runs`` by default), which every launched run may read and every worker sees."""
-    return paths.runs_root() / "preference_pairs" / f"campaign-{camp.pk}-pairs.jsonl"
+    (``<GRUE_DATA_DIR>/runs`` by default), which every launched run may read and every worker sees.
+    Human pairs keep the original name; AI and combined pairs get ``-ai`` / ``-both``."""
+    tail = "" if source == "human" else f"-{source}"
+    return paths.runs_root() / "preference_pairs" / f"campaign-{camp.pk}{tail}-pairs.jsonl"
 
 
-def export_pairs(camp: Campaign) -> tuple[Path, int]:
-    """Write the campaign's decided pairs (ties, both-bad and gold dropped) and return (path, count)."""
+def launch_value(camp: Campaign, source: str = "human") -> str:
+    """The ``dpo_campaign`` launch parameter: the id, with ``-ai``/``-both`` for AI or combined pairs."""
+    return str(camp.pk) if source == "human" else f"{camp.pk}-{source}"
+
+
+def export_pairs(camp: Campaign, source: str = "human") -> tuple[Path, int]:
+    """Write the campaign's decided pairs (ties, both-bad and gold dropped) and return (path, count).
+    ``source``: human judgments, AI judges' verdicts or both (``exports.preference_pairs``)."""
     if camp.kind != CampaignKind.PAIRWISE:
         raise AnnotationError("DPO needs pairwise judgments; this is a Likert campaign")
-    pairs = preference_pairs(camp)
+    source = check_source(source)
+    pairs = preference_pairs(camp, source=source)
     if not pairs:
-        raise AnnotationError("no decided pairwise judgments yet (ties and 'both bad' are not pairs)")
-    path = pairs_path(camp)
+        who = {"human": "", "ai": " from AI judges", "both": " from humans or AI judges"}[source]
+        raise AnnotationError(f"no decided pairwise judgments{who} yet (ties and 'both bad' are not pairs)")
+    path = pairs_path(camp, source)
     try:
         paths.check_path(path, paths.read_roots())
     except PathNotAllowed as exc:
@@ -82,13 +94,15 @@ def _model_section(runs: list[Run]) -> tuple[dict[str, Any], dict[str, Any], str
     return model, dict(chosen.get("tokenizer") or {}), note
 
 
-def dpo_config(camp: Campaign, pairs_file: Path, n_pairs: int) -> dict[str, Any]:
+def dpo_config(camp: Campaign, pairs_file: Path, n_pairs: int, source: str = "human") -> dict[str, Any]:
     """The whole run config the launch form opens with."""
     model, tokenizer, _note = _model_section(campaign_runs(camp))
     per_step = min(PAIRS_PER_STEP, n_pairs)
     heldout = 0.1 if n_pairs >= 50 else 0.0  # too few inputs to hold some out: evaluate on the train prompts
     cfg: dict[str, Any] = {
-        "name": f"DPO on {camp.name}"[:200],
+        "name": (
+            f"DPO on {camp.name}" + {"human": "", "ai": " (AI judges)", "both": " (humans + AI)"}[source]
+        )[:200],
         "task": {"id": "preference_pairs", "args": {"path": str(pairs_file), "heldout_fraction": heldout}},
         "reward": {"id": "rouge_l_max"},
         "algorithm": {
@@ -114,13 +128,15 @@ def dpo_config(camp: Campaign, pairs_file: Path, n_pairs: int) -> dict[str, Any]
 
 
 def launch_config(request: HttpRequest, value: str) -> dict[str, Any]:
-    """Launch source for ``?dpo_campaign=<id>``: reads the pairs the results page exported."""
-    if not value.isdigit():
+    """Launch source for ``?dpo_campaign=<id>[-ai|-both]``: reads the pairs the results page exported."""
+    m = re.fullmatch(r"(\d+)(?:-(ai|both))?", value)
+    if m is None:
         raise ValueError(f"dpo_campaign: {value[:40]!r} is not a campaign id")
-    camp = Campaign.objects.filter(pk=int(value)).first()
+    source = m.group(2) or "human"
+    camp = Campaign.objects.filter(pk=int(m.group(1))).first()
     if camp is None:
-        raise ValueError(f"dpo_campaign: no campaign #{value}")
-    path = pairs_path(camp)
+        raise ValueError(f"dpo_campaign: no campaign #{m.group(1)}")
+    path = pairs_path(camp, source)
     if not path.exists():
         raise ValueError(
             f"campaign #{camp.pk}: its pairs are not exported yet; use 'Fine-tune with DPO on these "
@@ -128,4 +144,4 @@ def launch_config(request: HttpRequest, value: str) -> dict[str, Any]:
         )
     with path.open(encoding="utf-8") as fh:
         n_pairs = sum(1 for line in fh if line.strip())
-    return dpo_config(camp, path, n_pairs)
+    return dpo_config(camp, path, n_pairs, source)

@@ -8,16 +8,23 @@ import io
 import json
 from typing import Any
 
+from annotation.ai_judges import ai_verdicts, check_source
 from annotation.models import Campaign
 from annotation.results import judgment_rows
 from webapp.csvsafe import cell  # the one spreadsheet-formula guard, shared with the runs' CSV
 
 
-def preference_pairs(camp: Campaign, include_gold: bool = False) -> list[dict[str, Any]]:
+def preference_pairs(
+    camp: Campaign, include_gold: bool = False, source: str = "human"
+) -> list[dict[str, Any]]:
     """Every decided pairwise judgment as ``{prompt, chosen, rejected, meta}`` (ties/both-bad dropped).
 
     ``meta.group`` names the input (campaign and item key): ``engine.reward_model.split_heldout``
-    keeps a group on one side of the held-out split."""
+    keeps a group on one side of the held-out split. ``source`` chooses human judgments, AI judges'
+    verdicts (one per judge and item, after the swap rule) or both; ``meta.source`` says which."""
+    source = check_source(source)
+    if source == "ai":
+        return _ai_pairs(camp, include_gold)
     out = []
     for r in judgment_rows(camp):
         if r["choice"] not in ("a", "b") or (r["item__gold"] and not include_gold):
@@ -36,6 +43,33 @@ def preference_pairs(camp: Campaign, include_gold: bool = False) -> list[dict[st
                     "system_chosen": r["item__system_a"] if a_won else r["item__system_b"],
                     "system_rejected": r["item__system_b"] if a_won else r["item__system_a"],
                     "rationale": r["rationale"], "seconds": r["seconds"], "gold": bool(r["item__gold"]),
+                    "source": "human",
+                },
+            }
+        )  # fmt: skip
+    if source == "both":
+        out += _ai_pairs(camp, include_gold)
+    return out
+
+
+def _ai_pairs(camp: Campaign, include_gold: bool) -> list[dict[str, Any]]:
+    out = []
+    for v in ai_verdicts(camp, include_gold=include_gold):
+        if v["choice"] not in ("a", "b"):
+            continue
+        a_won = v["choice"] == "a"
+        out.append(
+            {
+                "prompt": v["prompt"],
+                "chosen": v["output_a"] if a_won else v["output_b"],
+                "rejected": v["output_b"] if a_won else v["output_a"],
+                "meta": {
+                    "campaign": camp.pk, "item": v["item_id"], "judgment": None, "annotator": None,
+                    "group": f"{camp.pk}:{v['key']}",
+                    "system_chosen": v["system_a"] if a_won else v["system_b"],
+                    "system_rejected": v["system_b"] if a_won else v["system_a"],
+                    "rationale": "", "seconds": None, "gold": bool(v["gold"]),
+                    "source": "ai", "ai_judge": v["judge"],
                 },
             }
         )  # fmt: skip

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
-from annotation import stats
+from annotation import ai_judges, stats
 from annotation.campaigns import run_system
 from annotation.models import Campaign, CampaignKind, CampaignStatus, Choice, Judgment
 
@@ -93,8 +93,14 @@ def ranking(camp: Campaign) -> dict[str, Any]:
     return rank_systems(camp, comps)
 
 
-def campaign_results(camp: Campaign) -> dict[str, Any]:
-    """Everything the results page shows, in plain JSON-able values."""
+def campaign_results(camp: Campaign, source: str = "human") -> dict[str, Any]:
+    """Everything the results page shows, in plain JSON-able values.
+
+    ``source`` (human, ai, both) chooses whose judgments the ranking and win rates count: an AI judge
+    counts once per item (its verdict after the swap rule). Agreement, annotator and metric statistics
+    are always the humans'; ``ai_judges`` holds each AI judge's own panel.
+    """
+    source = ai_judges.check_source(source)
     rows = judgment_rows(camp)
     real = [r for r in rows if not r["item__gold"]]
     out: dict[str, Any] = {
@@ -107,7 +113,14 @@ def campaign_results(camp: Campaign) -> dict[str, Any]:
     }
     ann_names = {r["annotator_id"]: r["annotator__username"] for r in rows}
     if camp.kind == CampaignKind.PAIRWISE:
-        comps = [(r["item__system_a"], r["item__system_b"], r["choice"]) for r in real]
+        comps = (
+            [] if source == "ai" else [(r["item__system_a"], r["item__system_b"], r["choice"]) for r in real]
+        )
+        if source != "human":
+            comps += [(v["system_a"], v["system_b"], v["choice"]) for v in ai_judges.ai_verdicts(camp)]
+        out["source"] = source
+        out["n_comparisons"] = len(comps)
+        out["ai_judges"] = ai_judges.judge_panel(camp)
         ranked = rank_systems(camp, comps)
         out["win_rates"] = ranked.pop("win_rates")
         out["bradley_terry"] = ranked.pop("bradley_terry")

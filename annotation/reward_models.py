@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from annotation.ai_judges import check_source
 from annotation.errors import AnnotationError
 from annotation.exports import preference_pairs
 from annotation.models import Campaign, CampaignKind, RewardModel, RewardModelStatus
@@ -44,6 +45,8 @@ class TrainRequest:
     max_length: int = 128
     heldout_fraction: float = 0.2
     include_prompt: bool = False
+    # Whose judgments make the pairs: "human", "ai" (AI judges' verdicts) or "both"; chosen explicitly.
+    source: str = "human"
 
 
 def check_backbone(backbone: str) -> str:
@@ -60,10 +63,11 @@ def create_reward_model(
     """Register a reward model and queue its training (Celery) after the transaction commits."""
     if camp.kind != CampaignKind.PAIRWISE:
         raise AnnotationError("reward models are trained from pairwise judgments")
-    n = len(preference_pairs(camp))
+    req.source = check_source(req.source)
+    n = len(preference_pairs(camp, source=req.source))
     if n < MIN_PAIRS:
         raise AnnotationError(
-            f"need at least {MIN_PAIRS} decided pairwise judgments to train a reward model, have {n}"
+            f"need at least {MIN_PAIRS} decided pairwise judgments ({req.source}) to train a reward model, have {n}"
         )
     backbone = check_backbone(req.backbone)
     with transaction.atomic():
@@ -103,7 +107,11 @@ def run_reward_training(rm_id: int, should_stop: Any = None) -> RewardModel:
     RewardModel.objects.filter(pk=rm_id).update(status=RewardModelStatus.RUNNING, progress=0.0, error="")
     try:
         pairs = parse_pairs(
-            [json.dumps(p) for p in preference_pairs(rm.campaign)], source=f"campaign {rm.campaign_id}"
+            [
+                json.dumps(p)
+                for p in preference_pairs(rm.campaign, source=(rm.params or {}).get("source", "human"))
+            ],
+            source=f"campaign {rm.campaign_id}",
         )
         p = rm.params or {}
         last = {"t": 0.0}

@@ -23,6 +23,7 @@ urlpatterns = [
     path("campaigns/<int:pk>/export.csv", views.export_csv, name="export_csv"),
     path("campaigns/<int:pk>/reward-model/", views.train_reward_model, name="train_reward_model"),
     path("campaigns/<int:pk>/dpo/", views.fine_tune_dpo, name="fine_tune_dpo"),
+    path("campaigns/<int:pk>/ai-judges/<int:judge_id>.json", views.ai_judge_json, name="ai_judge_json"),
     path("reward-models/", views.reward_model_list, name="reward_models"),
     path("reward-models/<int:pk>.json", views.reward_model_json, name="reward_model_json"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),

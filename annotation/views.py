@@ -22,11 +22,23 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from annotation import assignment, campaigns, dpo, exports, invites, results, reward_models, uploads
+from annotation import (
+    ai_judges,
+    assignment,
+    campaigns,
+    dpo,
+    exports,
+    invites,
+    results,
+    reward_models,
+    uploads,
+)
 from annotation.errors import AnnotationError, UploadError
 from annotation.models import (
     AXES_PRESETS,
     DEFAULT_AXES,
+    AIJudge,
+    AIJudgeKind,
     Campaign,
     CampaignKind,
     CampaignStatus,
@@ -303,13 +315,41 @@ def campaign_upload(request: HttpRequest) -> HttpResponse:
     return render(request, "annotation/campaign_upload.html", ctx)
 
 
+def _ai_judge_action(request: HttpRequest, camp: Campaign, action: str) -> None:
+    """The campaign page's AI-judge forms (researchers only, like the whole page)."""
+    if action == "add_ai_judge":
+        judge = ai_judges.create_judge(
+            camp, name=request.POST.get("ai_name", ""), kind=request.POST.get("ai_kind", AIJudgeKind.LOCAL),
+            model=request.POST.get("ai_model", ""), base_url=request.POST.get("ai_base_url", ""),
+            api_key=request.POST.get("ai_api_key", ""), prompt_template=request.POST.get("ai_template", ""),
+            user=request.user,
+        )  # fmt: skip
+        messages.success(request, f"AI judge {judge.name} added: run it to judge the items.")
+        return
+    judge = camp.ai_judges.filter(pk=_int(request.POST.get("judge_id"), -1)).first()
+    if judge is None:
+        raise AnnotationError("no such AI judge in this campaign")
+    if action == "run_ai_judge":
+        ai_judges.start_judging(judge)
+        messages.success(request, f"AI judge {judge.name} queued: each item is judged twice, sides swapped.")
+    elif action == "cancel_ai_judge":
+        ai_judges.cancel_judging(judge)
+        messages.success(request, f"AI judge {judge.name}: cancelling (the items already judged are kept).")
+    elif action == "delete_ai_judge":
+        ai_judges.delete_judge(judge)
+        messages.success(request, f"AI judge {judge.name} and its judgments deleted.")
+
+
+@sensitive_post_parameters("ai_api_key")
 @researcher_required
 def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
     camp = get_object_or_404(Campaign, pk=pk)
     if request.method == "POST":
         action = request.POST.get("action", "")
         try:
-            if action == "start":
+            if action.endswith("_ai_judge"):
+                _ai_judge_action(request, camp, action)
+            elif action == "start":
                 campaigns.start_campaign(camp)
                 messages.success(request, "Campaign started: annotators can now judge items.")
             elif action == "close":
@@ -378,8 +418,24 @@ def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "n_pairs": len(exports.preference_pairs(camp)) if camp.kind == CampaignKind.PAIRWISE else 0,
         "join_url": request.build_absolute_uri(reverse("annotation:join")),
         "reward_models": [(rm, reward_models.heldout_summary(rm.metrics)) for rm in camp.reward_models.all()],
+        "ai_judges": list(camp.ai_judges.all()),
+        "ai_default_template": ai_judges.DEFAULT_TEMPLATE,
+        "ai_kinds": AIJudgeKind.choices,
     }
     return render(request, "annotation/campaign_detail.html", ctx)
+
+
+def ai_judge_state(judge: AIJudge) -> dict[str, Any]:
+    """What the progress bar polls (never the API key)."""
+    return {"id": judge.pk, "name": judge.name, "status": judge.status, "n_done": judge.n_done,
+            "n_total": judge.n_total, "n_errors": judge.n_errors, "progress": judge.progress,
+            "eta_seconds": judge.eta_seconds, "error": judge.error, "n_judgments": judge.judgments.count()}  # fmt: skip
+
+
+@researcher_required
+def ai_judge_json(request: HttpRequest, pk: int, judge_id: int) -> JsonResponse:
+    judge = get_object_or_404(AIJudge, pk=judge_id, campaign_id=pk)
+    return JsonResponse(_clean(ai_judge_state(judge)))
 
 
 @researcher_required
@@ -398,17 +454,24 @@ def campaign_preview(request: HttpRequest, pk: int) -> HttpResponse:
 @researcher_required
 def campaign_results(request: HttpRequest, pk: int) -> HttpResponse:
     camp = get_object_or_404(Campaign, pk=pk)
-    res = results.campaign_results(camp)
+    try:
+        res = results.campaign_results(camp, source=request.GET.get("source", "human"))
+    except AnnotationError as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
     return render(
         request, "annotation/results.html",
-        {"campaign": camp, "res": res, "res_json": _clean(res)},
+        {"campaign": camp, "res": res, "res_json": _clean(res), "sources": ai_judges.SOURCES},
     )  # fmt: skip
 
 
 @researcher_required
 def campaign_results_json(request: HttpRequest, pk: int) -> JsonResponse:
     camp = get_object_or_404(Campaign, pk=pk)
-    return JsonResponse(_clean(results.campaign_results(camp)))
+    try:
+        res = results.campaign_results(camp, source=request.GET.get("source", "human"))
+    except AnnotationError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    return JsonResponse(_clean(res))
 
 
 @researcher_required
@@ -446,6 +509,7 @@ def train_reward_model(request: HttpRequest, pk: int) -> HttpResponse:
         batch_size=int(num("batch_size", 16)),
         max_length=int(num("max_length", 128)),
         include_prompt=bool(request.POST.get("include_prompt")),
+        source=request.POST.get("source", "human"),
     )
     try:
         rm = reward_models.create_reward_model(camp, req, user=request.user)
@@ -461,13 +525,15 @@ def train_reward_model(request: HttpRequest, pk: int) -> HttpResponse:
 def fine_tune_dpo(request: HttpRequest, pk: int) -> HttpResponse:
     """Export the campaign's pairs into the data directory and open the launch form prefilled for DPO."""
     camp = get_object_or_404(Campaign, pk=pk)
+    source = request.POST.get("source", "human")
     try:
-        _path, n = dpo.export_pairs(camp)
+        _path, n = dpo.export_pairs(camp, source=source)
     except AnnotationError as exc:
         messages.error(request, f"Cannot fine-tune with DPO: {exc}")
         return redirect("annotation:campaign_results", pk=camp.pk)
-    messages.success(request, f"{n} preference pairs exported for DPO; check the settings and launch.")
-    return redirect(f"{reverse('runs:launch')}?dpo_campaign={camp.pk}")
+    who = {"human": "", "ai": " (AI judges)", "both": " (humans and AI judges)"}[source]
+    messages.success(request, f"{n} preference pairs{who} exported for DPO; check the settings and launch.")
+    return redirect(f"{reverse('runs:launch')}?dpo_campaign={dpo.launch_value(camp, source)}")
 
 
 @researcher_required
