@@ -4,12 +4,13 @@ rollup) and the recorder that stores a run's events in batches from a background
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 
-from webapp.runs import queries, services
-from webapp.runs.models import MetricPoint, Run
+from webapp.runs import lifecycle, queries, services
+from webapp.runs.models import MetricPoint, Run, RunStatus
 from webapp.runs.recorder import Recorder
 
 
@@ -57,10 +58,10 @@ def test_duplicates_inside_one_batch_and_special_values(run):
 
 
 def test_failed_batch_rolls_back_and_retry_creates_no_duplicates(transactional_db):
-    # committed transactions: the foreign key is checked at commit, as in production
+    # committed transactions, as in production
     run = Run.objects.create(name="ingest", config={})
     good = [("x", s, float(s)) for s in range(50)]
-    with pytest.raises(Exception):  # noqa: B017 - any DB error: the run id does not exist
+    with pytest.raises(IntegrityError, match=f"run {run.pk + 10_000} does not exist"):
         services.ingest_metrics(run.pk + 10_000, good)
     assert MetricPoint.objects.count() == 0
     services.ingest_metrics(run.pk, good[:30])  # partial success, then the whole batch is retried
@@ -73,6 +74,56 @@ def test_failed_batch_rolls_back_and_retry_creates_no_duplicates(transactional_d
             "(SELECT count(*) FROM _grue_metric_in) = 0"
         )
         assert cur.fetchone()[0]
+
+
+def test_deleting_a_run_while_a_batch_is_being_stored_leaves_no_orphan_points(transactional_db, wait_for):
+    """Metric points have no FK constraint (ingest speed): the run-row locks must do its job. A batch
+    in an open transaction holds the run's KEY SHARE lock; ``delete_run`` waits for it, then removes
+    its points with the run; a batch arriving after the delete stores nothing."""
+    run = Run.objects.create(name="ingest", config={}, status=RunStatus.SUCCEEDED)
+    stored, go_on, deleted = threading.Event(), threading.Event(), threading.Event()
+
+    def writer() -> None:
+        try:
+            with transaction.atomic():
+                services.ingest_metrics(run.pk, [("x", s, 1.0) for s in range(500)])
+                stored.set()
+                go_on.wait(30)
+        finally:
+            connection.close()
+
+    def deleter() -> None:
+        try:
+            lifecycle.delete_run(Run.objects.get(pk=run.pk))
+            deleted.set()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer)]
+    threads[0].start()
+    wait_for(stored.is_set, timeout=30, what="the batch is inserted (uncommitted)")
+    threads.append(threading.Thread(target=deleter))
+    threads[1].start()
+    # the delete is blocked on the batch's lock for as long as the batch's transaction is open
+    wait_for(lambda: _waiting_on_a_lock(), timeout=30, what="delete_run waits on the run row's lock")
+    assert not deleted.is_set()
+    go_on.set()
+    for t in threads:
+        t.join(30)
+    assert deleted.is_set()
+    assert not Run.objects.filter(pk=run.pk).exists()
+    assert MetricPoint.objects.filter(run_id=run.pk).count() == 0
+    with pytest.raises(IntegrityError, match="does not exist"):
+        services.ingest_metrics(run.pk, [("x", 1000, 1.0)])
+    assert MetricPoint.objects.filter(run_id=run.pk).count() == 0
+
+
+def _waiting_on_a_lock() -> bool:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cur.fetchone()[0] > 0
 
 
 def test_recorder_batches_and_keeps_last_values(transactional_db):

@@ -481,7 +481,11 @@ def delete_run(run: Run, *, delete_files: bool = False) -> str | None:
         if kept is None:
             target = paths.is_plain_dir_inside(run.run_dir, paths.runs_root())
     run_id = run.pk
-    run.delete()
+    with transaction.atomic():
+        # FOR UPDATE waits for batches being stored (they hold KEY SHARE, see ingest._lock_run) and
+        # keeps new ones out until the run and its points are gone: metric points have no FK constraint.
+        list(Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True))
+        run.delete()
     if target is not None:
         try:
             shutil.rmtree(target)  # unlinks symlinks found inside the tree; never follows them

@@ -120,7 +120,14 @@ def group_name(run_id: int) -> str:
 
 class MetricPoint(models.Model):
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points")
+    # No database FK constraint and no index of its own (issue #15): a deferred FK check costs a trigger
+    # per inserted point (a third of the server's ingest work) and ``run_id`` leads both indexes below.
+    # Integrity is kept by locking instead: every writer takes the run row's KEY SHARE lock in its
+    # transaction (``ingest._lock_run``) and ``lifecycle.delete_run`` locks the row FOR UPDATE before
+    # deleting, so no point can be committed for a run that is being or has been deleted.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="metric_points", db_constraint=False, db_index=False
+    )
     key = models.CharField(max_length=200)
     step = models.BigIntegerField()
     value = models.FloatField(null=True)
