@@ -21,6 +21,7 @@ urlpatterns = [
     path("campaigns/<int:pk>/results.json", views.campaign_results_json, name="campaign_results_json"),
     path("campaigns/<int:pk>/export.jsonl", views.export_jsonl, name="export_jsonl"),
     path("campaigns/<int:pk>/export.csv", views.export_csv, name="export_csv"),
+    path("campaigns/<int:pk>/ai-judgments.csv", views.export_ai_csv, name="export_ai_csv"),
     path("campaigns/<int:pk>/reward-model/", views.train_reward_model, name="train_reward_model"),
     path("campaigns/<int:pk>/dpo/", views.fine_tune_dpo, name="fine_tune_dpo"),
     path("campaigns/<int:pk>/ai-judges/<int:judge_id>.json", views.ai_judge_json, name="ai_judge_json"),

@@ -477,8 +477,14 @@ def campaign_results_json(request: HttpRequest, pk: int) -> JsonResponse:
 @researcher_required
 def export_jsonl(request: HttpRequest, pk: int) -> HttpResponse:
     camp = get_object_or_404(Campaign, pk=pk)
-    resp = HttpResponse(exports.export_jsonl(camp), content_type="application/jsonl; charset=utf-8")
-    resp["Content-Disposition"] = f'attachment; filename="campaign-{camp.pk}-pairs.jsonl"'
+    try:
+        source = ai_judges.check_source(request.GET.get("source"))
+    except AnnotationError as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
+    body = exports.export_jsonl(camp, source=source)
+    tail = "" if source == "human" else f"-{source}"
+    resp = HttpResponse(body, content_type="application/jsonl; charset=utf-8")
+    resp["Content-Disposition"] = f'attachment; filename="campaign-{camp.pk}{tail}-pairs.jsonl"'
     return resp
 
 
@@ -487,6 +493,14 @@ def export_csv(request: HttpRequest, pk: int) -> HttpResponse:
     camp = get_object_or_404(Campaign, pk=pk)
     resp = HttpResponse(exports.export_csv(camp), content_type="text/csv; charset=utf-8")
     resp["Content-Disposition"] = f'attachment; filename="campaign-{camp.pk}-judgments.csv"'
+    return resp
+
+
+@researcher_required
+def export_ai_csv(request: HttpRequest, pk: int) -> HttpResponse:
+    camp = get_object_or_404(Campaign, pk=pk)
+    resp = HttpResponse(exports.export_ai_csv(camp), content_type="text/csv; charset=utf-8")
+    resp["Content-Disposition"] = f'attachment; filename="campaign-{camp.pk}-ai-judgments.csv"'
     return resp
 
 

@@ -6,6 +6,8 @@ hand-computed values, the human/AI/both source of rankings, reward models and DP
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import threading
@@ -23,7 +25,7 @@ from annotation.ai_backends import Verdict, parse_verdict
 from annotation.errors import AnnotationError
 from annotation.models import AIJudge, AIJudgment, Item
 from engine.models.builtin import builtin_model_dir
-from tests.annotation.conftest import POSITIVE, make_user, sentiment_upload
+from tests.annotation.conftest import POSITIVE, sentiment_upload
 
 
 def _campaign(n: int, name: str = "ai", a_is_pos: bool = False) -> Any:
@@ -36,6 +38,18 @@ def _campaign(n: int, name: str = "ai", a_is_pos: bool = False) -> Any:
                 system_a=it.system_b, output_a=it.output_b, system_b=it.system_a, output_b=it.output_a
             )
     return camp
+
+
+def _annotator(username: str) -> Any:
+    """An annotator who never logs in (judgments are recorded through the service): no password
+    hash, which costs a second per user on a loaded machine."""
+    from django.contrib.auth.models import Group, User
+
+    user = User(username=username)
+    user.set_unusable_password()
+    user.save()
+    user.groups.add(Group.objects.get_or_create(name="annotator")[0])
+    return user
 
 
 def _items(camp: Any) -> list[Item]:
@@ -316,7 +330,7 @@ def _constructed_case() -> tuple[Any, AIJudge, list[Item]]:
     human = ["a", "a", "a", "a", "b", "tie"]
     ai = [("A", "B"), ("A", "A"), ("A", "B"), ("B", "A"), ("B", "A"), ("A", "A")]
     index = {it.pk: k for k, it in enumerate(items)}
-    users = [make_user(f"h{k}") for k in range(3)]
+    users = [_annotator(f"h{k}") for k in range(3)]
     for u in users:
         invites.add_member(camp, u)
     campaigns.start_campaign(camp)
@@ -335,7 +349,7 @@ def _constructed_case() -> tuple[Any, AIJudge, list[Item]]:
 
 @pytest.mark.django_db
 def test_results_page_agreement_panel_equals_hand_computed_values(researcher_client):
-    camp, judge, _items_ = _constructed_case()
+    camp, judge, items = _constructed_case()
     html = researcher_client.get(f"/annotate/campaigns/{camp.pk}/results/").content.decode()
     panel = html[html.index('id="ai-panel"') : html.index('id="source-form"')]
     row = panel[panel.index(f'data-judge="{judge.pk}"') :]
@@ -357,6 +371,16 @@ def test_results_page_agreement_panel_equals_hand_computed_values(researcher_cli
     assert (
         researcher_client.get(f"/annotate/campaigns/{camp.pk}/results.json?source=robots").status_code == 400
     )
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                researcher_client.get(f"/annotate/campaigns/{camp.pk}/ai-judgments.csv").content.decode()
+            )
+        )
+    )
+    assert len(rows) == 12 and {r["judge"] for r in rows} == {"constructed judge"}
+    verdict_of = {int(r["item"]): r["item_verdict"] for r in rows}
+    assert [verdict_of[it.pk] for it in items] == ["a", "tie", "a", "b", "b", "tie"]
     # The human-only statistics do not see the AI judge: it is no annotator.
     res = researcher_client.get(f"/annotate/campaigns/{camp.pk}/results.json").json()
     assert {a["annotator"] for a in res["annotators"]} == {"h0", "h1", "h2"}
@@ -371,6 +395,8 @@ def test_reward_model_and_dpo_take_an_explicit_source(researcher_client, runs_di
     assert {p["meta"]["ai_judge"] for p in ai} == {"constructed judge"}
     assert sorted(p["meta"]["system_chosen"] for p in ai) == ["neg", "neg", "pos", "pos"]
 
+    jsonl = researcher_client.get(f"/annotate/campaigns/{camp.pk}/export.jsonl?source=both").content.decode()
+    assert [json.loads(x) for x in jsonl.splitlines()] == json.loads(json.dumps(both))
     resp = researcher_client.post(f"/annotate/campaigns/{camp.pk}/dpo/", {"source": "ai"})
     assert resp.status_code == 302 and resp["Location"] == f"/launch/?dpo_campaign={camp.pk}-ai"
     path = Path(runs_dir) / "preference_pairs" / f"campaign-{camp.pk}-ai-pairs.jsonl"
