@@ -63,13 +63,15 @@ class ChatServer:
     """``POST /v1/chat/completions`` on a loopback port. Replies by the prompt's review number:
     0 → the letter of the positive response; 1 → prose without a verdict; 2 → HTTP 500 (until
     ``healthy``); 3 → ``[[A]]`` whatever the order (a position-following judge); 4 → a JSON body with
-    no choices (until ``healthy``). ``gate``, when set, makes the first request wait for it."""
+    no choices (until ``healthy``). With ``hold_at`` = n, the n-th request sets ``held`` and waits for
+    ``release`` (a judge caught in the middle of its work, without sleeping)."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
         self.healthy = False
-        self.gate: threading.Event | None = None
-        self.first_request = threading.Event()
+        self.hold_at: int | None = None
+        self.held = threading.Event()
+        self.release = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -82,9 +84,9 @@ class ChatServer:
                 outer.calls.append(
                     {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
                 )
-                outer.first_request.set()
-                if outer.gate is not None:
-                    outer.gate.wait(60)
+                if len(outer.calls) == outer.hold_at:
+                    outer.held.set()
+                    outer.release.wait(60)
                 review = int(re.search(r"Review (\d+):", text).group(1))
                 if review == 2 and not outer.healthy:
                     return self._send(500, {"error": {"message": "overloaded"}})
@@ -113,8 +115,7 @@ class ChatServer:
         self.thread.start()
 
     def stop(self) -> None:
-        if self.gate is not None:
-            self.gate.set()
+        self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -294,20 +295,20 @@ def test_endpoint_judge_malformed_reply_500_and_rerun(chat_server, settings):
 def test_cancel_stops_a_running_judge_after_its_current_item(
     celery_worker, wait_for, researcher_client, chat_server
 ):
-    chat_server.gate = threading.Event()
+    chat_server.hold_at = 1
     chat_server.healthy = True
     camp = _campaign(5, "cancel")
     judge = ai_judges.create_judge(camp, name="slow", kind="endpoint", model="m", base_url=chat_server.url)
     researcher_client.post(
         f"/annotate/campaigns/{camp.pk}/", {"action": "run_ai_judge", "judge_id": judge.pk}
     )
-    wait_for(chat_server.first_request.is_set, timeout=60, what="the worker's first call")
+    wait_for(chat_server.held.is_set, timeout=60, what="the worker's first call")
     assert AIJudge.objects.get(pk=judge.pk).status == "running"
     page = researcher_client.post(
         f"/annotate/campaigns/{camp.pk}/", {"action": "cancel_ai_judge", "judge_id": judge.pk}, follow=True
     ).content.decode()
     assert "cancelling" in page
-    chat_server.gate.set()
+    chat_server.release.set()
     wait_for(lambda: AIJudge.objects.get(pk=judge.pk).status == "cancelled", timeout=60, what="cancelled")
     j = AIJudge.objects.get(pk=judge.pk)
     assert j.n_total == 5 and j.n_done == 1 and AIJudgment.objects.filter(judge=judge).count() == 2
