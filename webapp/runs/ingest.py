@@ -14,6 +14,7 @@ as the insert and only from the rows that were really inserted, so replays do no
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,18 +38,29 @@ def rollup_width(level: int) -> int:
     return ROLLUP_BASE * ROLLUP_FACTOR**level
 
 
-def _rollup_sql(source: str) -> str:
+def _rollup_sql(source: str | None) -> str:
     """CTEs that aggregate ``source`` (key, step, value) level by level (each level from the one
     below it, so the work shrinks by ROLLUP_FACTOR per level) and upsert them into the rollup table.
-    Expects the run id as the next ``%s`` parameter."""
+    ``source`` None: level 0 comes aggregated already, as a JSON parameter (see ``_level0``).
+    Expects the run id as the next ``%s`` parameter (after the JSON one)."""
     ok = "value IS NOT NULL AND value <> 'NaN'::float8"
-    parts = [
-        f"""r0 AS (
+    if source is None:
+        r0 = """r0 AS (
+          SELECT t.key, t.bucket::bigint AS bucket, t.n::int AS n,
+                 CASE WHEN t.mnv IS NULL THEN NULL ELSE ARRAY[t.mnv::float8, t.mns::float8] END AS mn,
+                 CASE WHEN t.mxv IS NULL THEN NULL ELSE ARRAY[t.mxv::float8, t.mxs::float8] END AS mx
+          FROM (SELECT %s::json AS j) AS p,
+               ROWS FROM (json_array_elements_text(p.j -> 0), json_array_elements_text(p.j -> 1),
+                          json_array_elements_text(p.j -> 2), json_array_elements_text(p.j -> 3),
+                          json_array_elements_text(p.j -> 4), json_array_elements_text(p.j -> 5),
+                          json_array_elements_text(p.j -> 6)) AS t(key, bucket, n, mnv, mns, mxv, mxs))"""
+    else:
+        r0 = f"""r0 AS (
           SELECT key, step >> {_BASE_SHIFT} AS bucket, count(*)::int AS n,
                  min(ARRAY[value, step::float8]) FILTER (WHERE {ok}) AS mn,
                  max(ARRAY[value, step::float8]) FILTER (WHERE {ok}) AS mx
           FROM {source} GROUP BY 1, 2)"""
-    ]
+    parts = [r0]
     for lvl in range(1, ROLLUP_LEVELS):
         parts.append(
             f"""r{lvl} AS (
@@ -110,13 +122,49 @@ def _copy_points(cur: Any, rows: Sequence[tuple[str, int, float | None, datetime
             copy.write_row((i, *row))
 
 
-_ROLLUP_FROM_IDS_SQL = (
-    "WITH src AS (SELECT key, step, value FROM "
-    + MetricPoint._meta.db_table
-    + " WHERE run_id = %s AND id BETWEEN %s AND %s),\n"
-    + _rollup_sql("src")
-    + "\nSELECT 1"
-)
+_ROLLUP_FROM_LEVEL0_SQL = "WITH " + _rollup_sql(None) + "\nSELECT 1"
+
+
+def _json_float(v: float) -> float | str:
+    """JSON has no inf; PostgreSQL's float8 input reads 'inf' / '-inf'."""
+    return v if math.isfinite(v) else str(v)
+
+
+def _level0(rows: Sequence[tuple[str, int, float | None, datetime]]) -> str:
+    """Level 0 of the rollup (count, min and max with their steps per key and bucket), computed here
+    from the rows in hand: reading the just-copied rows back from the table cost the server more than
+    a third of the COPY. Ties as the SQL path: the smallest step for the min, the largest for the max;
+    null and NaN values are counted but are never a min or max."""
+    agg: dict[tuple[str, int], list[Any]] = {}
+    shift = _BASE_SHIFT
+    for k, s, v, _t in rows:
+        e = agg.get((k, s >> shift))
+        if e is None:
+            e = agg[(k, s >> shift)] = [0, None, None, None, None]
+        e[0] += 1
+        if v is None or v != v:
+            continue
+        if e[1] is None or (v, s) < (e[1], e[2]):
+            e[1], e[2] = v, s
+        if e[3] is None or (v, s) > (e[3], e[4]):
+            e[3], e[4] = v, s
+    cols: list[list[Any]] = [[], [], [], [], [], [], []]
+    for (k, b), (n, mnv, mns, mxv, mxs) in agg.items():
+        for col, x in zip(
+            cols,
+            (
+                k,
+                b,
+                n,
+                None if mnv is None else _json_float(mnv),
+                mns,
+                None if mxv is None else _json_float(mxv),
+                mxs,
+            ),
+            strict=True,
+        ):
+            col.append(x)
+    return json.dumps(cols)
 
 
 _SEQUENCE: dict[str, str] = {}
@@ -168,15 +216,15 @@ def _insert_points(
                 with raw.copy(
                     f"COPY {table} (id, run_id, key, step, value, time) FROM STDIN (FORMAT BINARY)"
                 ) as copy:
+                    # write_row streams: the server inserts while Python encodes the next rows (a
+                    # numpy-built payload written at once measured 2x the CPU and lost that overlap).
                     copy.set_types(["int8", "int8", "text", "int8", "float8", "timestamptz"])
                     for i, row in zip(ids, rows, strict=True):
                         copy.write_row((i, run_id, *row))
         except (IntegrityError, psycopg.errors.IntegrityError):  # the raw COPY raises psycopg's
             pass  # some points exist already: take the idempotent path below
         else:
-            # The ids of one nextval() statement are consecutive unless another session draws from the
-            # sequence at the same moment; the run filter keeps other runs' rows out of the range.
-            cur.execute(_ROLLUP_FROM_IDS_SQL, [run_id, min(ids), max(ids), run_id])
+            cur.execute(_ROLLUP_FROM_LEVEL0_SQL, [_level0(rows), run_id])
             return [(i, k, s, v) for i, (k, s, v, _t) in zip(ids, rows, strict=True)] if returning else []
         _copy_points(cur, rows)
         cur.execute(
@@ -280,21 +328,44 @@ def add_log_lines(
     keys = list(keys) if keys is not None else [""] * len(lines)
     times = list(times) if times is not None else [now] * len(lines)
     table = RunLog._meta.db_table
+    lines = [str(x)[:10000] for x in lines]
+    keys = [str(k)[:64] for k in keys]
+    epoch = {t: t.timestamp() for t in set(times)}
+    # One JSON parameter instead of three arrays: psycopg dumps list elements one by one in Python,
+    # json.dumps does it in C. Only (id, key) come back; the rest is what was sent.
+    payload = json.dumps([lines, [epoch[t] for t in times], keys])
     with connection.cursor() as cur:
         cur.execute(
             f"""
-            WITH ins AS (
+            WITH src AS (
+              SELECT t.line, to_timestamp(t.epoch::float8) AS time, t.key, t.ord
+              FROM (SELECT %s::json AS j) AS p,
+                   ROWS FROM (json_array_elements_text(p.j -> 0), json_array_elements_text(p.j -> 1),
+                              json_array_elements_text(p.j -> 2)) WITH ORDINALITY AS t(line, epoch, key, ord)),
+            ins AS (
               INSERT INTO {table} (run_id, line, time, key)
-              SELECT %s, line, time, key
-              FROM unnest(%s::text[], %s::timestamptz[], %s::text[]) WITH ORDINALITY AS t(line, time, key, ord)
-              ORDER BY ord
+              SELECT %s, line, time, key FROM src ORDER BY ord
               ON CONFLICT (run_id, key) WHERE key <> '' DO NOTHING
-              RETURNING id, line, time, key)
-            SELECT id, line, time, key FROM ins ORDER BY id
+              RETURNING id, key)
+            SELECT id, key FROM ins ORDER BY id
             """,
-            [run_id, [str(x)[:10000] for x in lines], times, [str(k)[:64] for k in keys]],
+            [payload, run_id],
         )
-        return [tuple(r) for r in cur.fetchall()]
+        returned = cur.fetchall()
+    # Rows come back in input order (ids follow ORDER BY ord); a keyed line is missing when the run
+    # (or an earlier line of this batch) already had its key. Unkeyed lines never conflict.
+    new_keys = {k for _i, k in returned if k}
+    out: list[tuple[int, str, datetime, str]] = []
+    it = iter(returned)
+    seen: set[str] = set()
+    for line, t, key in zip(lines, times, keys, strict=True):
+        if key:
+            if key not in new_keys or key in seen:
+                continue
+            seen.add(key)
+        line_id, _k = next(it)
+        out.append((line_id, line, t, key))
+    return out
 
 
 def add_checkpoint(run_id: int, step: int, path: str) -> Checkpoint:

@@ -428,8 +428,10 @@ class Recorder:
         self._flush_sample_steps: set[tuple[int, str]] = set()
         for idx, ev in enumerate(events):
             if ev.kind == "metrics":
-                for k, s, v in ev.data["points"]:
-                    point_rows.append((k, s, v, ev.time))
+                t = ev.time
+                pts = ev.data["points"]
+                point_rows.extend([(k, s, v, t) for k, s, v in pts])
+                for k, s, v in pts:
                     if k not in last or s >= last[k][0]:
                         last[k] = (s, v)
             elif ev.kind == "log":
@@ -486,7 +488,11 @@ class Recorder:
         samples: dict[int, list[Any]],
     ) -> list[dict[str, Any]]:
         """The flush's messages in event order; consecutive messages of one kind are merged."""
-        ids = {(k, s): (i, v) for i, k, s, v in inserted}
+        # Usually every point of the flush is new: then ``inserted`` is the flush's points in event
+        # order and each event takes the next slice; otherwise look each point up.
+        all_new = len(inserted) == sum(len(ev.data["points"]) for ev in events if ev.kind == "metrics")
+        ids = {} if all_new else {(k, s): (i, v) for i, k, s, v in inserted}
+        pos = 0
         stored_lines = {key: (i, line, t) for i, line, t, key in lines}
         out: list[dict[str, Any]] = []
 
@@ -500,11 +506,16 @@ class Recorder:
 
         for idx, ev in enumerate(events):
             if ev.kind == "metrics":
-                rows = []
-                for k, s, _v in ev.data["points"]:
-                    hit = ids.pop((k, s), None)
-                    if hit is not None:
-                        rows.append(protocol.metric_point(hit[0], k, s, hit[1]))
+                if all_new:
+                    n = len(ev.data["points"])
+                    rows = protocol.metric_points(inserted[pos : pos + n])
+                    pos += n
+                else:
+                    rows = []
+                    for k, s, _v in ev.data["points"]:
+                        hit = ids.pop((k, s), None)
+                        if hit is not None:
+                            rows.append(protocol.metric_point(hit[0], k, s, hit[1]))
                 add("metrics", "points", rows)
             elif ev.kind == "log":
                 rows = [
