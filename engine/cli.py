@@ -85,6 +85,9 @@ def build_config(
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = build_config(args.config, args.set, args.preset, args.resume)
+    if int(os.environ.get("RANK", "0")) > 0:  # torchrun: rank 0 alone reports (engine.distributed)
+        engine.train(cfg, resume_from=args.resume)
+        return 0
     sink = None if args.quiet else ConsoleSink()
     remote = _remote_sink(args, cfg)
     if remote is not None:

@@ -509,6 +509,31 @@ class TrainConfig(Strict):
     save_final_model: bool = Field(True, description="Write the final model in HF format to <run dir>/model.")
 
 
+class ResourcesConfig(Strict):
+    """What a run needs to run: read by the web app to route it to a worker that has it, and by
+    ``torchrun`` launches (docs/engine.md "Distributed runs", docs/platform.md "Queues")."""
+
+    devices: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Device kind the run needs: 'cpu' or 'cuda' (a GPU worker's queue)."
+    )
+    processes: int = Field(
+        1, ge=1, le=1024, description="Processes (torchrun ranks) sharing the run's batch; 1 = no torchrun."
+    )
+    gpus_per_process: int = Field(0, ge=0, le=16, description="GPUs each process needs (devices: cuda).")
+    collective_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="Seconds a rank waits in a collective before the run fails (a dead rank never hangs it).",
+    )
+
+    @model_validator(mode="after")
+    def _gpus_match_devices(self) -> ResourcesConfig:
+        if self.devices == "cpu" and self.gpus_per_process:
+            raise ValueError("gpus_per_process must be 0 when devices is 'cpu'")
+        return self
+
+
 class EvalConfig(Strict):
     split: Literal["validation", "test"] = Field("validation", description="Split evaluated during training.")
     metrics: list[Component] = Field(
@@ -540,6 +565,9 @@ class RunConfig(Strict):
     )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training loop.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+    resources: ResourcesConfig = Field(
+        default_factory=ResourcesConfig, description="Processes and devices the run needs."
+    )
 
     @model_validator(mode="after")
     def _causal_prompts_left_padded(self) -> RunConfig:

@@ -199,8 +199,14 @@ def generate(
     generator: torch.Generator | None = None,
     autocast_dtype: torch.dtype | None = None,
     record_support: bool = True,
+    noise: torch.Tensor | None = None,
 ) -> Generated:
-    """Sample a batch of episodes; an episode ends at EOS or after ``max_new_tokens``."""
+    """Sample a batch of episodes; an episode ends at EOS or after ``max_new_tokens``.
+
+    ``noise`` (B, max_new_tokens) uniforms in [0, 1): row i's token at step t is drawn by inverse
+    transform sampling with ``noise[i, t]`` instead of from ``generator``, so an episode depends on
+    its own noise only, not on which other episodes share its batch (see :func:`sample_noise`).
+    """
     device = prompt_ids.device
     bsz = prompt_ids.shape[0]
     with autocast(device, autocast_dtype):
@@ -216,7 +222,9 @@ def generate(
         for step in range(spec.max_new_tokens):
             x = process_step(pol.logits, spec, step, msk.logits if msk is not None else None)
             logp = torch.log_softmax(x, dim=-1)
-            if spec.do_sample:
+            if spec.do_sample and noise is not None:
+                tok = inverse_cdf_sample(logp.exp(), noise[:, step])
+            elif spec.do_sample:
                 tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
             else:
                 tok = logp.argmax(-1)
@@ -241,6 +249,30 @@ def generate(
     elif record_support and spec.min_new_tokens > 0 and spec.eos_id is not None:
         support = EosBan(spec.eos_id, spec.min_new_tokens)
     return Generated(gen_ids, gen_mask, support, torch.stack(logps, dim=1))
+
+
+def sample_noise(seeds: list[int], steps: int, device: Any) -> torch.Tensor:
+    """(len(seeds), steps) uniforms, row i from a generator seeded by ``seeds[i]``.
+
+    The trainer seeds row i with ``(train.seed, iteration, global index of the sample)``: a sample's
+    tokens are then the same whether the batch is generated in one chunk, in several chunks
+    (``rollout.batch_size``) or by several processes (engine.distributed).
+    """
+    rows = [torch.rand(steps, generator=torch.Generator().manual_seed(int(s))) for s in seeds]
+    return torch.stack(rows).to(device)
+
+
+def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Token ids with P(id) = probs[id]: the first id whose cumulative probability exceeds ``u``·total.
+
+    Ids of probability 0 are never returned (a rounding edge at the top falls back to the most
+    likely token).
+    """
+    cdf = probs.float().cumsum(-1)
+    target = (u.to(cdf.device, cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+    tok = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+    ok = probs.gather(1, tok[:, None]).squeeze(1) > 0
+    return torch.where(ok, tok, probs.argmax(-1))
 
 
 @dataclass
@@ -414,8 +446,13 @@ def collect(
     autocast_dtype: torch.dtype | None = None,
     timings: dict[str, float] | None = None,
     kl_estimator: str = "k1",
+    sample_seeds: list[int] | None = None,
 ) -> RolloutBatch:
-    """Generate and score episodes for ``samples`` in chunks of ``batch_size`` prompts."""
+    """Generate and score episodes for ``samples`` in chunks of ``batch_size`` prompts.
+
+    ``sample_seeds`` (one per sample): per-sample sampling noise (:func:`sample_noise`) instead of
+    ``generator``, so the episodes do not depend on the chunking.
+    """
     import time
 
     pad_id = tokenizer.pad_token_id
@@ -442,6 +479,11 @@ def collect(
             masking_lm=masking_lm,
             generator=generator,
             autocast_dtype=autocast_dtype,
+            noise=(
+                sample_noise(sample_seeds[start : start + batch_size], spec.max_new_tokens, device)
+                if sample_seeds is not None
+                else None
+            ),
         )
         t1 = time.perf_counter()
         inputs = {"prompt_ids": pi, "prompt_mask": pm, "gen_ids": g.gen_ids, "gen_mask": g.gen_mask}

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine import distributed
 from engine.algorithms.ppo import explained_variance, gae, kl_penalty_rewards, masked_mean, whiten
 from engine.algorithms.sft import build_sft_batch, sft_loss, sft_pairs, sft_schedule
 from engine.config import RunConfig, parse_config
@@ -36,7 +37,7 @@ from engine.evaluation import (
     score_generations,
     write_eval_results,
 )
-from engine.events import MultiSink
+from engine.events import MultiSink, NullSink
 from engine.kl import build_kl_controller
 from engine.models.loading import (
     autocast_dtype,
@@ -78,6 +79,15 @@ def _mix(*parts: int) -> int:
     for p in parts:
         h = ((h ^ (p & 0xFFFFFFFF)) * 1099511628211) % (2**63)
     return h
+
+
+def _rank_rows(rows: list[int]) -> list[int]:
+    """This rank's rows of one supervised batch (every W-th; the whole batch when it has fewer
+    rows than ranks, so no rank trains on nothing)."""
+    group = distributed.current()
+    if len(rows) < group.world_size:
+        return rows
+    return rows[group.rank :: group.world_size]
 
 
 def _support_stats(support: Any, mask: torch.Tensor) -> dict[str, float]:
@@ -194,7 +204,7 @@ class Trainer:
         self.resume_from = resume_from
         _seed_all(cfg.train.seed)
 
-        self.device = resolve_device(cfg.model.device)
+        self.device = distributed.device_for(resolve_device(cfg.model.device))
         self.amp = autocast_dtype(cfg.model.mixed_precision, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp == torch.float16 else None
         path = resolve_model_path(cfg.model.name_or_path, cfg.model.gguf_file)
@@ -213,6 +223,11 @@ class Trainer:
         if cfg.model.lora.enabled:
             apply_lora(lm, cfg.model.lora)  # in place: base frozen, adapter trainable
         self.policy = ActorCritic(lm, self.kind == "seq2seq", cfg.model.value_head).to(self.device)
+        # Every rank starts from rank 0's weights (a random value head included), then draws its own
+        # global RNG stream (dropout); rollout noise is seeded per sample, not per rank.
+        distributed.broadcast_module(self.policy)
+        if distributed.current().rank > 0:
+            _seed_all(_mix(cfg.train.seed, distributed.current().rank, 7))
         self.frozen_copy = frozen_copy
         self.algo = algorithms.build(cfg.algorithm.id, cfg=cfg.algorithm)
         self.ref_path = cfg.model.reference_name_or_path
@@ -313,9 +328,11 @@ class Trainer:
             return
         ref_file = self.run_dir / "checkpoints" / "reference.pt"
         self.ref_lm = self.frozen_copy(self.policy.lm)
-        if ref_file.exists():
+        # Only rank 0 writes the file; the other ranks hold the same weights already, and read the
+        # file only when resuming (never while rank 0 may be writing it).
+        if ref_file.exists() and (distributed.is_main() or self.resume_from):
             self.ref_lm.load_state_dict(torch.load(ref_file, map_location=self.device, weights_only=True))
-        elif self.sft_done and self.cfg.supervised.enabled:
+        elif self.sft_done and self.cfg.supervised.enabled and distributed.is_main():
             # The reference of "supervised + RL" is the supervised model; keep it for resumes.
             ref_file.parent.mkdir(parents=True, exist_ok=True)
             torch.save(self.ref_lm.state_dict(), ref_file)
@@ -327,6 +344,8 @@ class Trainer:
         name = f"{phase}-{(self.iteration if phase == 'rl' else self.sft_step):06d}"
         final = ck_root / name
         self.last_checkpoint = final
+        if not distributed.is_main():
+            return final  # rank 0 writes the (identical) state of every rank
         tmp = ck_root / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -406,12 +425,12 @@ class Trainer:
         self.events.progress(self.sft_step, total, None, "sft")
         self.policy.train()
         for step in range(self.sft_step, total):
-            if self.should_stop():
+            if self._stop_requested():
                 self.save_checkpoint("sft", sft_optimizer=opt)
                 return False
             batch = build_sft_batch(
                 self.tokenizer,
-                [pairs[i] for i in schedule[step]],
+                [pairs[i] for i in _rank_rows(schedule[step])],
                 self.kind == "seq2seq",
                 self.cfg.tokenizer.max_prompt_length,
                 sc.max_target_length,
@@ -421,6 +440,7 @@ class Trainer:
             with self._autocast():
                 loss = sft_loss(self.policy.lm, self.kind == "seq2seq", batch)
             loss.backward()
+            distributed.sync_gradients([p for p in self.policy.lm.parameters() if p.requires_grad])
             gnorm = torch.nn.utils.clip_grad_norm_(
                 self.policy.lm.parameters(), self.cfg.algorithm.max_grad_norm * 2
             )
@@ -428,7 +448,8 @@ class Trainer:
             self.sft_step = step + 1
             done_here += 1
             self.events.metrics(
-                self.sft_step, {"sft/loss": float(loss.detach()), "sft/grad_norm": float(gnorm)}
+                self.sft_step,
+                {"sft/loss": distributed.all_mean(loss.detach()), "sft/grad_norm": float(gnorm)},
             )
             elapsed = time.perf_counter() - t_start
             eta = elapsed / done_here * (total - self.sft_step)
@@ -438,7 +459,12 @@ class Trainer:
 
     # ----------------------------------------------------------------- RL
     def _eval(self, step: int, final: bool = False) -> dict[str, float]:
-        """Generate on the eval split; all rows go to the sink at the end, ``log_samples`` rows before."""
+        """Generate on the eval split; all rows go to the sink at the end, ``log_samples`` rows before.
+
+        Distributed runs evaluate on rank 0 only (the others wait at their next collective).
+        """
+        if not distributed.is_main():
+            return {}
         samples = self._eval_samples()
         masked = getattr(self.algo, "uses_masking_policy", False) and self.cfg.algorithm.nlpo.masked_eval
         gens = generate_texts(
@@ -487,6 +513,11 @@ class Trainer:
         group_size = getattr(self.algo, "group_size", 1)  # GRPO/RLOO: G consecutive copies of each prompt
         if group_size > 1:
             samples = [s for s in samples for _ in range(group_size)]
+        # This rank's share (whole groups), and one noise seed per sample of the *global* batch.
+        lo, hi = distributed.share(len(samples) // group_size, "train.prompts_per_iter")
+        lo, hi = lo * group_size, hi * group_size
+        samples = samples[lo:hi]
+        seeds = [_mix(cfg.train.seed, it, 1, i) for i in range(lo, hi)]
         batch = collect(
             self.policy,
             self.ref_lm,
@@ -501,6 +532,7 @@ class Trainer:
             autocast_dtype=self.amp,
             timings=timings,
             kl_estimator=cfg.kl.estimator,
+            sample_seeds=seeds,
         )
         t_reward = time.perf_counter()
         scores = self.reward_fn(batch.prompts, batch.generations, batch.references, batch.meta)
@@ -535,9 +567,13 @@ class Trainer:
             scaler=self.scaler,
         )
         timings["update"] = time.perf_counter() - t_update
+        glob = self._global_stats(task_r, kl, mask, rewards, batch, ret, critic_free is None)
+        if glob:  # several ranks: the controller and the metrics see the whole batch
+            seq_kl, token_kl = glob.pop("seq_kl"), float(glob["train/kl"])
         # Each controller reads the KL in its own units (RL4LMs's: per-token mean; Ziegler's: per episode).
         per_episode = getattr(self.kl_ctl, "unit", "episode") == "episode"
-        self.kl_ctl.update(float(seq_kl.mean()) if per_episode else token_kl, len(batch))
+        n_global = len(batch) * distributed.current().world_size
+        self.kl_ctl.update(float(seq_kl.mean()) if per_episode else token_kl, n_global)
         self.iteration = it + 1
         lengths = mask.sum(1)
         metrics = {
@@ -561,6 +597,8 @@ class Trainer:
             "time/update_s": timings.get("update", 0.0),
             "time/iteration_s": time.perf_counter() - t0,
         }
+        if glob:  # algorithm statistics and timings: mean over ranks; batch statistics: exact
+            metrics = {**distributed.mean_dict(metrics), **glob}
         self.events.metrics(self.iteration, metrics)
         n_log = min(cfg.train.log_samples, len(batch))
         if n_log:
@@ -585,10 +623,61 @@ class Trainer:
             self.events.samples(self.iteration, "train", rows)
         return metrics
 
+    def _global_stats(
+        self,
+        task_r: torch.Tensor,
+        kl: torch.Tensor,
+        mask: torch.Tensor,
+        rewards: torch.Tensor,
+        batch: Any,
+        ret: torch.Tensor,
+        has_critic: bool,
+    ) -> dict[str, Any]:
+        """The iteration's batch statistics over every rank (empty for one process): the same
+        numbers one process computes on the whole batch, up to summation order."""
+        if not distributed.is_active():
+            return {}
+        task_all = distributed.gather_rows(task_r)
+        seq_kl = distributed.gather_rows(kl.sum(1))
+        return {
+            "seq_kl": seq_kl,
+            "train/reward_mean": float(task_all.mean()),
+            "train/reward_std": float(task_all.std(unbiased=False)),
+            "train/kl": float(distributed.masked_mean(kl, mask)),
+            "train/kl_episode": float(seq_kl.mean()),
+            "train/entropy": float(distributed.masked_mean(batch.entropy, mask)),
+            "train/episode_length": float(distributed.gather_rows(mask.sum(1)).mean()),
+            "train/shaped_return": float(distributed.gather_rows(rewards.sum(1)).mean()),
+            "value/mean": float(distributed.masked_mean(batch.values, mask)),
+            "value/explained_var": (
+                distributed.explained_variance(batch.values, ret, mask) if has_critic else float("nan")
+            ),
+        }
+
+    def _stop_requested(self) -> bool:
+        """Rank 0 asks ``should_stop`` and every rank gets its answer, so all stop at the same step."""
+        return distributed.broadcast_flag(bool(self.should_stop()) if distributed.is_main() else False)
+
+    def _record_ranks(self) -> None:
+        """``ranks.json`` (host, pid, device of every rank) and a log line: where the run runs."""
+        group = distributed.current()
+        ranks = distributed.all_gather_objects(distributed.host_info(self.device))
+        if not group.active or not group.is_main:
+            return
+        (self.run_dir / "ranks.json").write_text(
+            json.dumps({"backend": group.backend, "ranks": ranks}, indent=2)
+        )
+        hosts = sorted({r["host"] for r in ranks})
+        self.events.log(
+            f"distributed: {group.world_size} processes ({group.backend}) on {', '.join(hosts)}: "
+            + ", ".join(f"rank {r['rank']} pid {r['pid']} {r['device']}" for r in ranks)
+        )
+
     # ----------------------------------------------------------------- main
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         self.events.run_started(cfg.to_dict(), str(self.run_dir))
+        self._record_ranks()
         needs_ref = getattr(self.algo, "needs_reference", True)
         if self.wants_rl and not self.ref_path and not self.wants_sft and needs_ref:
             # The reference is the initial model: copy it before a checkpoint overwrites the policy.
@@ -600,7 +689,8 @@ class Trainer:
                 self.events.log(f"no checkpoint in {self.run_dir}; starting from scratch")
             else:
                 resume_state = self.load_checkpoint(ck)
-                self.run_sink.truncate_after(self.iteration)
+                if self.run_sink is not None:
+                    self.run_sink.truncate_after(self.iteration)
                 self.events.log(f"resumed from {ck}")
                 finished = resume_state["phase"] == "rl" and self.iteration >= cfg.train.n_iters
                 if finished and (not cfg.train.save_final_model or (self.run_dir / "model").is_dir()):
@@ -626,13 +716,15 @@ class Trainer:
                 self.algo.load_state_dict(resume_state.get("algorithm") or {})
                 if self.scaler is not None and resume_state.get("scaler") is not None:
                     self.scaler.load_state_dict(resume_state["scaler"])
-                _set_rng_state(resume_state["rng"])
+                _set_rng_state(resume_state["rng"])  # rank 0's state
+                if distributed.current().rank > 0:
+                    _seed_all(_mix(cfg.train.seed, distributed.current().rank, self.iteration, 7))
             total = cfg.train.n_iters
             t_start = time.perf_counter()
             start_it = self.iteration
             self.events.progress(self.iteration, total, None, "rl")
             while self.iteration < total:
-                if self.should_stop():
+                if self._stop_requested():
                     stopped = True
                     break
                 offline = getattr(self.algo, "offline_iteration", None)  # DPO: no rollout
@@ -695,6 +787,9 @@ class Trainer:
         """HF format (``from_pretrained`` works) plus the value head, for reuse as a warm start."""
         from safetensors.torch import save_file
 
+        if not distributed.is_main():
+            return
+
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         if self.lora:
@@ -745,8 +840,11 @@ def train(
             f"(CLI: --resume {run_dir}) or choose another train.output_dir"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    run_sink = RunDirSink(run_dir)
-    events = MultiSink(run_sink, sink)
+    # Under torchrun: join the process group; only rank 0 writes the run directory and sends events.
+    distributed.setup(resolve_device(cfg.model.device), cfg.resources.collective_timeout_s)
+    main = distributed.is_main()
+    run_sink = RunDirSink(run_dir) if main else None
+    events = MultiSink(run_sink, sink) if main else NullSink()
     try:
         trainer = Trainer(cfg, events, run_dir, run_sink, should_stop=should_stop, resume_from=resume_from)
         return trainer.run()
@@ -757,3 +855,5 @@ def train(
     except Exception as exc:
         events.failed(f"{type(exc).__name__}: {exc}", tb.format_exc())
         raise
+    finally:
+        distributed.teardown()

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from engine import distributed
 from engine.algorithms.base import Algorithm
 from engine.algorithms.ppo import _trim
 from engine.models.policy import entropy_from_logprobs, gather_logprobs, processed_logprobs
@@ -109,9 +110,10 @@ class A2C(Algorithm):
             (scaler.scale(loss) if scaler is not None else loss).backward()
             for k, v in stats.items():  # chunk losses are already shares of the batch mean: add them
                 sums[k] = sums.get(k, 0.0) + float(v.detach())
+        params = [p for p in policy.parameters() if p.requires_grad]
+        distributed.sync_gradients(params)  # DDP's mean over ranks, before unscaling and clipping
         if scaler is not None:
             scaler.unscale_(optimizer)
-        params = [p for p in policy.parameters() if p.requires_grad]
         gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         if scaler is not None:
             scaler.step(optimizer)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine import distributed
 from engine.algorithms.base import Algorithm
 from engine.registry import algorithms
 
@@ -163,6 +164,8 @@ class DPO(Algorithm):
         t0 = time.perf_counter()
         cfg = trainer.cfg
         samples = trainer._prompts_for(trainer.iteration)
+        lo, hi = distributed.share(len(samples), "train.prompts_per_iter")  # this rank's pairs
+        samples = samples[lo:hi]
         for s in samples:
             if "chosen" not in s.meta or "rejected" not in s.meta:
                 raise ValueError(
@@ -194,6 +197,7 @@ class DPO(Algorithm):
             parts["chosen"].append(r_c)
             parts["rejected"].append(r_r)
         params = [p for p in policy.parameters() if p.requires_grad]
+        distributed.sync_gradients(params)  # DDP's mean over ranks (equal shares: the global mean)
         if trainer.scaler is not None:
             trainer.scaler.unscale_(opt)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.algorithm.max_grad_norm)
@@ -203,8 +207,9 @@ class DPO(Algorithm):
         else:
             opt.step()
         opt.zero_grad(set_to_none=True)
-        losses = torch.cat(parts["loss"])
-        chosen, rejected = torch.cat(parts["chosen"]), torch.cat(parts["rejected"])
+        losses = distributed.gather_rows(torch.cat(parts["loss"]))
+        chosen = distributed.gather_rows(torch.cat(parts["chosen"]))
+        rejected = distributed.gather_rows(torch.cat(parts["rejected"]))
         trainer.iteration += 1
         metrics = {
             "train/loss": float(losses.mean()),

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from engine import distributed
 from engine.algorithms.base import Algorithm
 from engine.algorithms.ppo import _trim, kl_penalty_rewards, masked_mean, whiten
 from engine.kl import kl_estimate
@@ -45,7 +46,8 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group"
     if scale == "group":
         adv = adv / (groups.std(1, keepdim=True) + GRPO_STD_EPS)
     elif scale == "batch":
-        adv = adv / (rewards.std() + GRPO_STD_EPS)
+        # the std of every rank's rewards in a distributed run (groups themselves stay on one rank)
+        adv = adv / (distributed.gather_rows(rewards).std() + GRPO_STD_EPS)
     elif scale != "none":
         raise ValueError(f"algorithm.group.scale_rewards: unknown value {scale!r}")
     return adv.flatten()
@@ -247,6 +249,7 @@ class GroupAlgorithm(Algorithm):
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + float(v)
                     counts += 1
+                distributed.sync_gradients(params)  # DDP's mean over ranks, before unscaling and clipping
                 if scaler is not None:
                     scaler.unscale_(optimizer)
                 gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)

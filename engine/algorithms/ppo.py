@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from engine import distributed
 from engine.algorithms.base import Algorithm
 from engine.models.policy import entropy_from_logprobs, full_logprobs, gather_logprobs, restrict_logprobs
 from engine.models.precision import autocast
@@ -28,8 +29,14 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """Normalise the masked entries to zero mean, unit (population) variance; masked-out entries become 0."""
-    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    """Normalise the masked entries to zero mean, unit (population) variance; masked-out entries become 0.
+
+    In a distributed run the mean and variance are those of every rank's batch (engine.distributed).
+    """
+    if distributed.is_active():
+        mean, var = distributed.masked_moments(x, mask)
+    else:
+        mean, var = masked_mean(x, mask), masked_var(x, mask)
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
@@ -244,7 +251,9 @@ class PPO(Algorithm):
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + float(v)
                     counts += 1
-                    if cfg.target_kl is not None and float(stats["policy/approx_kl"]) > 1.5 * cfg.target_kl:
+                    # every rank must take the same branch: the decision reads the mean over ranks
+                    approx_kl = distributed.all_mean(stats["policy/approx_kl"]) if cfg.target_kl else 0.0
+                    if cfg.target_kl is not None and approx_kl > 1.5 * cfg.target_kl:
                         stop = True
                         break
                     scaled = loss / len(group)
@@ -256,6 +265,7 @@ class PPO(Algorithm):
                     optimizer.zero_grad(set_to_none=True)
                     early = True
                     break
+                distributed.sync_gradients(params)
                 if scaler is not None:
                     scaler.unscale_(optimizer)
                 gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)

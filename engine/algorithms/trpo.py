@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from engine import distributed
 from engine.algorithms.base import Algorithm
 from engine.algorithms.ppo import _trim, masked_mean
 from engine.models.policy import entropy_from_logprobs, gather_logprobs, processed_logprobs
@@ -44,6 +45,13 @@ def flat_grad(y: torch.Tensor, params: list[torch.Tensor], **kwargs: Any) -> tor
     return torch.cat(
         [(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)]
     )
+
+
+def _rank_mean_vector(v: torch.Tensor) -> torch.Tensor:
+    """A flat gradient averaged over ranks (itself for one process)."""
+    if not distributed.is_active():
+        return v
+    return distributed.all_sum(v) / distributed.current().world_size
 
 
 def mean_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -193,11 +201,15 @@ class TRPO(Algorithm):
 
         logp_all, objective = policy_terms()
         old_logp_all = logp_all.detach()
-        g = flat_grad(objective, actor, retain_graph=True)
+        # Distributed: the gradient and every Fisher-vector product are averaged over ranks (the
+        # Fisher of the whole batch's mean KL), and the line search reads mean objectives and KLs,
+        # so every rank computes the same direction and accepts the same step.
+        g = _rank_mean_vector(flat_grad(objective, actor, retain_graph=True))
         grad_kl = flat_grad(mean_kl(logp_all, old_logp_all, mask), actor, create_graph=True)
 
         def fisher_vector(v: torch.Tensor) -> torch.Tensor:
-            return flat_grad(grad_kl @ v, actor, retain_graph=True) + t.cg_damping * v
+            fv = _rank_mean_vector(flat_grad(grad_kl @ v, actor, retain_graph=True))
+            return fv + t.cg_damping * v
 
         direction = conjugate_gradient(fisher_vector, g, t.cg_max_steps)
         curvature = float(direction @ fisher_vector(direction))
@@ -210,12 +222,13 @@ class TRPO(Algorithm):
             _set_flat(actor, before + fraction * max_step * direction)
             with torch.no_grad():
                 new_logp_all, new_objective = policy_terms()
-                return float(new_objective), float(mean_kl(new_logp_all, old_logp_all, mask))
+                new_kl = mean_kl(new_logp_all, old_logp_all, mask)
+                return distributed.all_mean(new_objective), distributed.all_mean(new_kl)
 
         if max_step > 0.0:
             search = backtracking_line_search(
                 evaluate,
-                float(objective.detach()),
+                distributed.all_mean(objective.detach()),
                 t.target_kl,
                 t.line_search_shrinking_factor,
                 t.line_search_max_iter,
@@ -268,6 +281,7 @@ class TRPO(Algorithm):
                     loss = masked_mean((values.float() - returns[chunk][:, tsl]) ** 2, inputs["gen_mask"])
                     optimizer.zero_grad(set_to_none=True)
                     (scaler.scale(loss) if scaler is not None else loss).backward()
+                    distributed.sync_gradients([p for p in policy.parameters() if p.requires_grad])
                     if scaler is not None:
                         scaler.step(optimizer)
                         scaler.update()
