@@ -242,17 +242,21 @@ def _enqueue(judge_id: int, task_id: str) -> None:
 
 
 def cancel_judging(judge: AIJudge) -> AIJudge:
-    """A queued job is cancelled at once; a running one stops after its current item (the worker checks
-    the flag between items; the items already judged are kept)."""
+    """The judge is cancelled at once (so a job whose worker died can be run again); a worker still
+    running it stops after its current item, whose passes are kept, like everything judged before.
+
+    A worker only ever writes to the row while the row still names its task id and is not cancelled
+    (:func:`run_judging`), so a new run started right after a cancel is never disturbed by the old one.
+    """
     with transaction.atomic():
         judge = AIJudge.objects.select_for_update().get(pk=judge.pk)
-        if judge.status == AIJudgeStatus.QUEUED:
-            judge.status = AIJudgeStatus.CANCELLED
-            judge.finished_at = timezone.now()
-        elif judge.status != AIJudgeStatus.RUNNING:
+        if judge.status not in ACTIVE:
             raise AnnotationError(f"AI judge {judge.name!r} is not running")
+        judge.status = AIJudgeStatus.CANCELLED
+        judge.finished_at = timezone.now()
+        judge.eta_seconds = None
         judge.cancel_requested = True
-        judge.save(update_fields=["status", "finished_at", "cancel_requested"])
+        judge.save(update_fields=["status", "finished_at", "eta_seconds", "cancel_requested"])
     return judge
 
 
@@ -289,55 +293,62 @@ def pass_row(judge: AIJudge, item: Item, a_first: bool, v: Verdict) -> AIJudgmen
     )  # fmt: skip
 
 
-def _cancelled(judge_id: int) -> bool:
-    return AIJudge.objects.filter(pk=judge_id, cancel_requested=True).exists()
-
-
-def _finish(judge_id: int, status: str, **fields: Any) -> None:
-    AIJudge.objects.filter(pk=judge_id).update(
-        status=status, finished_at=timezone.now(), eta_seconds=None, **fields
+def _mine(judge_id: int, task_id: str) -> Any:
+    """The judge's row while this job still owns it: same task id, running, not cancelled."""
+    return AIJudge.objects.filter(
+        pk=judge_id, task_id=task_id, status=AIJudgeStatus.RUNNING, cancel_requested=False
     )
+
+
+def _finish(judge_id: int, task_id: str, status: str, **fields: Any) -> None:
+    _mine(judge_id, task_id).update(status=status, finished_at=timezone.now(), eta_seconds=None, **fields)
 
 
 def run_judging(judge_id: int, task_id: str | None = None, backend: Any = None) -> AIJudge:
     """The worker's job: claim the queued judge, judge every item that lacks a pass, record progress.
 
     The claim is a conditional update (queued → running, same task id), so a cancelled job or a
-    redelivered message judges nothing. Each item's missing passes are decided, then stored in one
-    transaction with the judge's progress; the unique (judge, item, side) constraint makes a
-    concurrent duplicate impossible. A call error leaves the item without judgments (counted in
-    ``n_errors``, retried by the next run); ``MAX_CONSECUTIVE_ERRORS`` in a row fail the job.
+    redelivered message judges nothing. Afterwards the job writes progress only while the row still
+    names its task id, and finishes (or goes on to the next item) only while the row is running and not
+    cancelled (:func:`_mine`): a cancel ends the loop after the current item, and a newer run is never
+    disturbed by an older one. Each item's missing passes are decided, then stored in one transaction
+    with the progress; the unique (judge, item, side) constraint makes a duplicate impossible. A call
+    error leaves the item without judgments (counted in ``n_errors``, retried by the next run);
+    ``MAX_CONSECUTIVE_ERRORS`` in a row fail the job.
     """
     claim = AIJudge.objects.filter(pk=judge_id, status=AIJudgeStatus.QUEUED)
     if task_id is not None:
         claim = claim.filter(task_id=task_id)
     items = list(Item.objects.filter(campaign__ai_judges__pk=judge_id, gold="").order_by("order", "id"))
-    now = timezone.now()
     if not claim.update(
-        status=AIJudgeStatus.RUNNING, started_at=now, n_total=len(items), n_errors=0, error=""
+        status=AIJudgeStatus.RUNNING, started_at=timezone.now(), n_total=len(items), n_errors=0, error=""
     ):
         return AIJudge.objects.get(pk=judge_id)
     judge = AIJudge.objects.select_related("campaign").get(pk=judge_id)
+    task = judge.task_id
+    ours = AIJudge.objects.filter(pk=judge_id, task_id=task)
     have: dict[int, set[bool]] = defaultdict(set)
     for item_id, a_first in AIJudgment.objects.filter(judge=judge).values_list("item_id", "a_first"):
         have[item_id].add(a_first)
     todo = [it for it in items if len(have[it.pk]) < 2]
     done = len(items) - len(todo)
-    AIJudge.objects.filter(pk=judge_id).update(n_done=done)
+    ours.update(n_done=done)
     try:
         if todo and backend is None:
             backend = make_backend(judge)
     except Exception as exc:  # noqa: BLE001 - any loading failure is the job's failure, with its reason
         _finish(
-            judge_id, AIJudgeStatus.FAILED, error=f"could not load the judge: {type(exc).__name__}: {exc}"
+            judge_id,
+            task,
+            AIJudgeStatus.FAILED,
+            error=f"could not load the judge: {type(exc).__name__}: {exc}",
         )
         return AIJudge.objects.get(pk=judge_id)
     t0 = time.monotonic()
     n_errors = consecutive = judged = 0
     last_error = ""
     for item in todo:
-        if _cancelled(judge_id):
-            _finish(judge_id, AIJudgeStatus.CANCELLED)
+        if not _mine(judge_id, task).exists():  # cancelled, or a newer run owns the judge
             return AIJudge.objects.get(pk=judge_id)
         try:
             rows = [pass_row(judge, item, a_first, backend.judge(pass_prompt(judge, item, a_first)))
@@ -346,32 +357,35 @@ def run_judging(judge_id: int, task_id: str | None = None, backend: Any = None) 
             n_errors += 1
             consecutive += 1
             last_error = f"item {item.pk}: {exc}"
-            AIJudge.objects.filter(pk=judge_id).update(n_errors=n_errors, error=last_error)
+            ours.update(n_errors=n_errors, error=last_error)
             if consecutive >= MAX_CONSECUTIVE_ERRORS:
-                _finish(judge_id, AIJudgeStatus.FAILED,
+                _finish(judge_id, task, AIJudgeStatus.FAILED,
                         error=f"stopped after {consecutive} failed calls in a row; last: {last_error}")  # fmt: skip
                 return AIJudge.objects.get(pk=judge_id)
             continue
         except Exception as exc:  # noqa: BLE001 - a model error fails the job, with its reason
-            _finish(judge_id, AIJudgeStatus.FAILED, error=f"item {item.pk}: {type(exc).__name__}: {exc}")
+            _finish(
+                judge_id, task, AIJudgeStatus.FAILED, error=f"item {item.pk}: {type(exc).__name__}: {exc}"
+            )
             return AIJudge.objects.get(pk=judge_id)
         consecutive = 0
         judged += 1
         done += 1
-        remaining = len(items) - done
-        eta = (time.monotonic() - t0) / judged * remaining
+        eta = (time.monotonic() - t0) / judged * (len(items) - done)
         with transaction.atomic():
             AIJudgment.objects.bulk_create(rows, ignore_conflicts=True)
-            AIJudge.objects.filter(pk=judge_id).update(n_done=done, eta_seconds=eta)
+            ours.update(n_done=done, eta_seconds=eta)
     if n_errors and not judged:
-        _finish(judge_id, AIJudgeStatus.FAILED, error=f"no item could be judged; last error: {last_error}")
+        _finish(
+            judge_id, task, AIJudgeStatus.FAILED, error=f"no item could be judged; last error: {last_error}"
+        )
     else:
         msg = (
             f"{n_errors} item(s) could not be judged (last error: {last_error}); run the judge again to retry them"
             if n_errors
             else ""
         )
-        _finish(judge_id, AIJudgeStatus.SUCCEEDED, error=msg)
+        _finish(judge_id, task, AIJudgeStatus.SUCCEEDED, error=msg)
     return AIJudge.objects.get(pk=judge_id)
 
 

@@ -303,16 +303,20 @@ def test_cancel_stops_a_running_judge_after_its_current_item(
         f"/annotate/campaigns/{camp.pk}/", {"action": "run_ai_judge", "judge_id": judge.pk}
     )
     wait_for(chat_server.held.is_set, timeout=60, what="the worker's first call")
+    task_id = AIJudge.objects.get(pk=judge.pk).task_id
     assert AIJudge.objects.get(pk=judge.pk).status == "running"
     page = researcher_client.post(
         f"/annotate/campaigns/{camp.pk}/", {"action": "cancel_ai_judge", "judge_id": judge.pk}, follow=True
     ).content.decode()
     assert "cancelling" in page
+    assert AIJudge.objects.get(pk=judge.pk).status == "cancelled"  # at once: a dead worker cannot block it
     chat_server.release.set()
-    wait_for(lambda: AIJudge.objects.get(pk=judge.pk).status == "cancelled", timeout=60, what="cancelled")
+    wait_for(lambda: f"run_ai_judge[{task_id}] succeeded" in celery_worker.log(), timeout=60,
+             what="the worker's job to end")  # fmt: skip
     j = AIJudge.objects.get(pk=judge.pk)
-    assert j.n_total == 5 and j.n_done == 1 and AIJudgment.objects.filter(judge=judge).count() == 2
-    assert len(chat_server.calls) == 2  # the item in progress was finished, nothing after it
+    assert j.status == "cancelled" and j.n_total == 5 and j.n_done == 1
+    assert AIJudgment.objects.filter(judge=judge).count() == 2  # the item in progress was finished and kept
+    assert len(chat_server.calls) == 2  # and nothing after it
 
 
 def _constructed_case() -> tuple[Any, AIJudge, list[Item]]:
