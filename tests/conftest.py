@@ -7,6 +7,7 @@ must be ``@pytest.mark.django_db(transaction=True)``.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,6 +96,16 @@ def user_password(user: Any) -> str:
 def password_of() -> Callable[[Any], str]:
     """The password of a fixture user (for real logins through the form or a browser)."""
     return user_password
+
+
+def session_cookie(user: Any) -> str:
+    """A ``Cookie`` header value carrying the user's real session (for websocket tests)."""
+    from django.conf import settings
+    from django.test import Client
+
+    c = Client()
+    c.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={c.cookies[settings.SESSION_COOKIE_NAME].value}"
 
 
 @pytest.fixture
@@ -199,6 +211,20 @@ class WorkerProcess:
         self._log.close()
 
 
+def start_watchdog(test_db_name: str, runs_dir: Path, log_path: Path, **env: str) -> subprocess.Popen:
+    """``manage.py watch_runs`` (the run watchdog) in its own process group, output to ``log_path``;
+    ``env`` overrides its settings (``GRUE_LOST_AFTER``…). Stop it with ``os.killpg(proc.pid, 15)``."""
+    with log_path.open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", "watch_runs"],
+            cwd=ROOT,
+            env=_subprocess_env(test_db_name, GRUE_RUNS_DIR=str(runs_dir), **env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 @pytest.fixture(scope="session")
 def test_db_name(django_db_setup: Any, django_db_blocker: Any) -> str:
     from django.db import connection
@@ -300,6 +326,34 @@ def asgi_server(test_db_name: str, runs_dir: Path) -> Iterator[AsgiServer]:
     server = AsgiServer(test_db_name, runs_dir)
     yield server
     server.stop()
+
+
+# --------------------------------------------------------------------------- runs and queues
+
+
+def status_of(run_id: int) -> str:
+    """A run's status read fresh from the database (what another process last committed)."""
+    from webapp.runs.models import Run
+
+    return Run.objects.values_list("status", flat=True).get(pk=run_id)
+
+
+def queued_messages(queue: str) -> list[dict[str, Any]]:
+    """The Celery messages waiting on ``queue`` in the real broker (as the list holds them)."""
+    from django.conf import settings
+
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    return [json.loads(m) for m in r.lrange(queue, 0, -1)]
+
+
+@pytest.fixture
+def scratch_queue(settings: Any) -> Iterator[str]:
+    """Launches in the test go to a queue no worker reads (so it can look at what was enqueued); the
+    queue is deleted afterwards."""
+    queue = f"scratch-{uuid.uuid4().hex[:8]}"
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    yield queue
+    redis.Redis.from_url(settings.REDIS_URL).delete(queue)
 
 
 @pytest.fixture(autouse=True)

@@ -8,18 +8,15 @@ client reads it back as a DataFrame.
 from __future__ import annotations
 
 import json
-import math
 import os
-import socket
 import subprocess
 import sys
-import threading
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port
+from tests.helpers import TcpProxy, run_dir_points
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,85 +39,6 @@ CONFIG = {
 }
 
 
-class Proxy:
-    """A TCP relay to the server that the test can cut (every connection reset, new ones refused)
-    and reopen on the same port: a network outage between the trainer and the dashboard."""
-
-    def __init__(self, target_port: int):
-        self.port = free_port()
-        self.target = target_port
-        self.conns: list[socket.socket] = []
-        self.lock = threading.Lock()
-        self.accepted = 0
-        self.listener: socket.socket | None = None
-        self.open()
-
-    def open(self) -> None:
-        ls = socket.socket()
-        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        ls.bind(("127.0.0.1", self.port))
-        ls.listen(64)
-        self.listener = ls
-        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
-
-    def _accept(self, ls: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = ls.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target))
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                self.accepted += 1
-                self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def cut(self) -> None:
-        assert self.listener is not None
-        self.listener.close()
-        self.listener = None
-        with self.lock:
-            conns, self.conns = self.conns, []
-        for s in conns:
-            try:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                s.close()  # RST: the client sees the connection reset, mid-request or not
-            except OSError:
-                pass
-
-
-def _local_points(run_dir: Path) -> dict[tuple[str, int], float | None]:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        obj = json.loads(line)
-        step = obj.pop("step")
-        obj.pop("phase", None)
-        for k, v in obj.items():
-            out[(k, step)] = (
-                None if v is None or (isinstance(v, float) and not math.isfinite(v)) else float(v)
-            )
-    return out
-
-
 def _stored_steps(run_id: int) -> int:
     from webapp.runs.models import MetricPoint
 
@@ -137,7 +55,7 @@ def test_cli_run_streams_through_a_cut_connection_with_nothing_lost_or_duplicate
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(CONFIG))
     run_dir = tmp_path / "elsewhere" / "run"
-    proxy = Proxy(asgi_server.port)
+    proxy = TcpProxy(asgi_server.port)
     # "Another machine": no database, no Django settings; only the URL and the token.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "DATABASE", "GRUE_", "REDIS"))}
     env.update(HF_HUB_OFFLINE="1", GRUE_TOKEN=token, GRUE_REMOTE_DRAIN_S="180", GRUE_REMOTE_MAX_BACKOFF_S="4")
@@ -164,17 +82,18 @@ def test_cli_run_streams_through_a_cut_connection_with_nothing_lost_or_duplicate
         cut_at = _stored_steps(run.pk)
         # Training goes on while the dashboard is unreachable: the trainer is not blocked by the sink.
         wait_for(
-            lambda: len({s for (k, s) in _local_points(run_dir) if k == "train/reward_mean"}) >= cut_at + 4,
+            lambda: len({s for (k, s) in run_dir_points(run_dir) if k == "train/reward_mean"}) >= cut_at + 4,
             timeout=120,
             what="four iterations trained during the outage",
         )
         assert _stored_steps(run.pk) <= cut_at + 1  # (one batch may have been in flight at the cut)
-        proxy.open()
+        proxy.restore()
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
         err.close()
+        proxy.close()
     stderr = (tmp_path / "cli.err").read_text()
     assert proc.returncode == 0, stderr[-3000:]
     assert "buffering and retrying" in stderr and "not delivered" not in stderr
@@ -183,7 +102,7 @@ def test_cli_run_streams_through_a_cut_connection_with_nothing_lost_or_duplicate
     run.refresh_from_db()
     assert run.status == "succeeded" and run.progress == 1.0 and run.worker_host.startswith("remote:")
     assert run.current_iter == run.total_iters == N_ITERS and run.summary["iterations"] == N_ITERS
-    local = _local_points(run_dir)
+    local = run_dir_points(run_dir)
     stored = list(MetricPoint.objects.filter(run_id=run.pk).values_list("key", "step", "value"))
     assert len(stored) == len(local)  # exactly once (points are unique per run/key/step) ...
     assert {(k, s): v for k, s, v in stored} == pytest.approx(local)  # ... and every one of them

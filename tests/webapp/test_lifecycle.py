@@ -9,35 +9,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-import redis
-from django.conf import settings
 
+from tests.conftest import queued_messages
+from tests.helpers import TINY
 from webapp.runs import lifecycle, services
 from webapp.runs.errors import ConfigInvalid, InvalidState, ServiceError
 from webapp.runs.models import Checkpoint, Run, RunStatus
 from webapp.runs.tasks import execute_run
 
-TINY = {
-    "name": "tiny",
-    "model": {"name_or_path": "builtin:tiny-gpt2"},
-    "task": {"id": "synthetic_increasing_numbers"},
-    "reward": {"id": "increasing_numbers"},
-    "train": {"n_iters": 2, "prompts_per_iter": 4},
-}
-
-
-@pytest.fixture
-def scratch_queue(settings):
-    """Launches in these tests go to a queue no worker reads; it is deleted afterwards."""
-    queue = f"scratch-{uuid.uuid4().hex[:8]}"
-    settings.CELERY_TASK_DEFAULT_QUEUE = queue
-    yield queue
-    redis.Redis.from_url(settings.REDIS_URL).delete(queue)
-
 
 def queued_ids(queue: str) -> list[str]:
-    r = redis.Redis.from_url(settings.REDIS_URL)
-    return [json.loads(m)["headers"]["id"] for m in r.lrange(queue, 0, -1)]
+    return [m["headers"]["id"] for m in queued_messages(queue)]
 
 
 def with_status(run: Run, status: str, **fields) -> Run:

@@ -3,37 +3,14 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
-import redis
-from django.conf import settings
 
+from tests.conftest import queued_messages
+from tests.helpers import TINY
 from webapp.celery import app as celery_app
 from webapp.runs import lifecycle, queries, services
 from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus, Sample
-
-TINY = {
-    "name": "tiny",
-    "model": {"name_or_path": "builtin:tiny-gpt2"},
-    "task": {"id": "synthetic_increasing_numbers"},
-    "reward": {"id": "increasing_numbers"},
-    "train": {"n_iters": 2, "prompts_per_iter": 4},
-}
-
-
-@pytest.fixture
-def scratch_queue(settings):
-    """Launches in these tests go to a queue no worker reads; it is deleted afterwards."""
-    queue = f"scratch-{uuid.uuid4().hex[:8]}"
-    settings.CELERY_TASK_DEFAULT_QUEUE = queue
-    yield queue
-    redis.Redis.from_url(settings.REDIS_URL).delete(queue)
-
-
-def queued_messages(queue: str) -> list[dict]:
-    r = redis.Redis.from_url(settings.REDIS_URL)
-    return [json.loads(m) for m in r.lrange(queue, 0, -1)]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -7,16 +7,15 @@ test still sees it. Redis: a proxy that accepts connections and never answers is
 
 from __future__ import annotations
 
-import json
 import math
-import socket
 import threading
-from pathlib import Path
 
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
+from tests.conftest import session_cookie
+from tests.helpers import TcpProxy, run_dir_points, tiny_run_config
 from webapp.asgi import application
 from webapp.runs import lifecycle, queries
 from webapp.runs.broadcast import broadcast
@@ -27,116 +26,8 @@ from webapp.runs.recorder import Recorder
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class TcpProxy:
-    """Forwards 127.0.0.1:<port> to ``upstream``. ``cut()``: drop every connection and refuse new
-    ones (a network partition, a dead server); ``hang()``: accept and read, never answer (a hung
-    server); ``restore()``: forward again."""
-
-    def __init__(self, upstream: tuple[str, int]):
-        self.upstream = upstream
-        self.mode = "forward"
-        self.refused = 0
-        self._lock = threading.Lock()
-        self._open: list[socket.socket] = []
-        self._server = socket.socket()
-        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._server.bind(("127.0.0.1", 0))
-        self._server.listen(64)
-        self.port = self._server.getsockname()[1]
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            if self.mode == "cut":
-                self.refused += 1
-                client.close()
-                continue
-            if self.mode == "hang":
-                with self._lock:
-                    self._open.append(client)
-                threading.Thread(target=self._swallow, args=(client,), daemon=True).start()
-                continue
-            try:
-                up = socket.create_connection(self.upstream)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._open += [client, up]
-            for a, b in ((client, up), (up, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    @staticmethod
-    def _swallow(client: socket.socket) -> None:
-        try:
-            while client.recv(65536):
-                pass
-        except OSError:
-            pass
-
-    def _drop_all(self) -> None:
-        with self._lock:
-            conns, self._open = self._open, []
-        for s in conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def cut(self) -> None:
-        self.mode = "cut"
-        self._drop_all()
-
-    def hang(self) -> None:
-        self.mode = "hang"
-        self._drop_all()
-
-    def restore(self) -> None:
-        self.mode = "forward"
-
-    def close(self) -> None:
-        self._closed = True
-        self._server.close()
-        self._drop_all()
-
-
 def tiny(n_iters: int) -> dict:
-    return {
-        "name": "outage",
-        "model": {"name_or_path": "builtin:tiny-gpt2", "device": "cpu"},
-        "task": {"id": "synthetic_increasing_numbers", "max_train_samples": 8, "max_eval_samples": 2},
-        "reward": {"id": "increasing_numbers"},
-        "rollout": {"max_new_tokens": 4, "batch_size": 2},
-        "algorithm": {"id": "ppo", "n_epochs": 1, "minibatch_size": 2},
-        "train": {
-            "n_iters": n_iters,
-            "prompts_per_iter": 2,
-            "eval_every": 0,
-            "save_every": 0,
-            "log_samples": 2,
-            "save_final_model": False,
-        },
-        "eval": {"generation": {"max_new_tokens": 4, "do_sample": False}},
-    }
+    return tiny_run_config(n_iters, "outage", save_every=0)
 
 
 @pytest.fixture
@@ -155,19 +46,6 @@ def _worker_through(worker_factory, proxy: TcpProxy, give_up_s: float):
     s = connection.settings_dict
     url = f"postgres://{s['USER']}@127.0.0.1:{proxy.port}/{s['NAME']}"
     return worker_factory(extra_env={"DATABASE_URL": url, "GRUE_RECORDER_GIVE_UP_S": str(give_up_s)})
-
-
-def _jsonl_points(run_dir: Path) -> dict[tuple[str, int], float | None]:
-    """What the engine itself wrote: the ground truth the database must match."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        obj = json.loads(line)
-        for k, v in obj.items():
-            if k in ("step", "phase", "time") or isinstance(v, bool):
-                continue
-            if v is None or isinstance(v, float | int):  # None: a NaN the engine wrote as null
-                out[(k, obj["step"])] = None if v is None else float(v)
-    return out
 
 
 def test_a_database_outage_is_ridden_out_and_every_point_stored_once(
@@ -198,7 +76,7 @@ def test_a_database_outage_is_ridden_out_and_every_point_stored_once(
     )
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, (run.error, worker.log()[-3000:])
-    truth = _jsonl_points(Path(run.run_dir))
+    truth = run_dir_points(run.run_dir)
     stored = {
         (k, s): v for k, s, v in MetricPoint.objects.filter(run=run).values_list("key", "step", "value")
     }
@@ -302,17 +180,9 @@ def test_a_hung_redis_never_stalls_storing_or_requests(hung_redis, researcher):
 
 
 async def test_a_hung_redis_closes_the_websocket_with_a_reason(hung_redis, researcher):
-    def cookie() -> str:
-        from django.conf import settings
-        from django.test import Client
-
-        c = Client()
-        c.force_login(researcher)
-        return f"{settings.SESSION_COOKIE_NAME}={c.cookies[settings.SESSION_COOKIE_NAME].value}"
-
     run = await database_sync_to_async(Run.objects.create)(name="hung", config={}, status="running")
     headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
-    headers.append((b"cookie", (await database_sync_to_async(cookie)()).encode()))
+    headers.append((b"cookie", (await database_sync_to_async(session_cookie)(researcher)).encode()))
     comm = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=headers)
     assert (await comm.connect(timeout=30))[0]
     msg = await comm.receive_json_from(timeout=30)

@@ -8,16 +8,9 @@ import pytest
 
 from engine import presets
 from engine.config import parse_config
+from tests.helpers import TINY
 from webapp.runs import paths, services
 from webapp.runs.errors import ConfigInvalid, PathNotAllowed
-
-TINY = {
-    "name": "tiny",
-    "model": {"name_or_path": "builtin:tiny-gpt2"},
-    "task": {"id": "synthetic_increasing_numbers"},
-    "reward": {"id": "increasing_numbers"},
-    "train": {"n_iters": 2, "prompts_per_iter": 4},
-}
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pytest
 from channels.layers import get_channel_layer
 
 import engine
+from tests.helpers import tiny_run_config
 from webapp.runs import queries, services
 from webapp.runs.models import MetricPoint, MetricRollup, Run, RunLog, Sample, group_name
 from webapp.runs.recorder import Recorder
@@ -84,24 +85,8 @@ def test_resume_that_re_executes_steps_stores_samples_and_log_lines_once(tmp_pat
     """A real engine run crashes after step 3 with its last checkpoint at step 2; resuming re-executes
     step 3. Points were idempotent before; now the re-executed step's samples and log lines are too."""
     run = Run.objects.create(name="resume", config={}, status="running")
-    cfg = {
-        "name": "resume",
-        "model": {"name_or_path": "builtin:tiny-gpt2", "device": "cpu"},
-        "task": {"id": "synthetic_increasing_numbers", "max_train_samples": 8, "max_eval_samples": 2},
-        "reward": {"id": "increasing_numbers"},
-        "rollout": {"max_new_tokens": 4, "batch_size": 2},
-        "algorithm": {"id": "ppo", "n_epochs": 1, "minibatch_size": 2},
-        "train": {
-            "n_iters": 4,
-            "prompts_per_iter": 2,
-            "eval_every": 0,
-            "save_every": 2,
-            "log_samples": 2,
-            "save_final_model": False,
-            "output_dir": str(tmp_path / "run"),
-        },
-        "eval": {"generation": {"max_new_tokens": 4, "do_sample": False}},
-    }
+    cfg = tiny_run_config(4, "resume", save_every=2)
+    cfg["train"]["output_dir"] = str(tmp_path / "run")
     calls = {"n": 0}
 
     def crash_after_step_3() -> bool:

@@ -11,18 +11,11 @@ import pytest
 from django.test import Client
 from django.utils.html import escape
 
+from tests.helpers import TINY
 from webapp.runs import extensions, lifecycle, services
 from webapp.runs.models import Checkpoint, Run, RunStatus
 
 pytestmark = pytest.mark.django_db
-
-TINY = {
-    "name": "tiny",
-    "model": {"name_or_path": "builtin:tiny-gpt2"},
-    "task": {"id": "synthetic_increasing_numbers"},
-    "reward": {"id": "increasing_numbers"},
-    "train": {"n_iters": 2, "prompts_per_iter": 4},
-}
 
 
 @pytest.fixture

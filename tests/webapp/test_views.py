@@ -8,7 +8,6 @@ import csv
 import io
 import json
 import re
-import uuid
 from typing import Any
 
 import pytest
@@ -17,26 +16,10 @@ from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 
+from tests.helpers import TINY
 from webapp.runs import lifecycle, services
 from webapp.runs.forms import default_config, form_data_from_config, schema_fields
 from webapp.runs.models import MetricPoint, Run, RunLog, RunStatus, Sample
-
-TINY: dict[str, Any] = {
-    "name": "tiny",
-    "model": {"name_or_path": "builtin:tiny-gpt2"},
-    "task": {"id": "synthetic_increasing_numbers"},
-    "reward": {"id": "increasing_numbers"},
-    "train": {"n_iters": 2, "prompts_per_iter": 4},
-}
-
-
-@pytest.fixture
-def scratch_queue(settings: Any) -> Any:
-    """Launches go to a queue no worker reads, so the test can count what was enqueued."""
-    queue = f"scratch-ui-{uuid.uuid4().hex[:8]}"
-    settings.CELERY_TASK_DEFAULT_QUEUE = queue
-    yield queue
-    redis.Redis.from_url(settings.REDIS_URL).delete(queue)
 
 
 def queued(queue: str) -> int:

@@ -6,13 +6,12 @@ the retry limit and the off switch hold."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.conftest import ROOT, _subprocess_env
+from tests.conftest import start_watchdog, status_of
+from tests.helpers import tiny_run_config
 from webapp import watchdog
 from webapp.runs import lifecycle
 from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus
@@ -25,27 +24,7 @@ INTERVAL = 0.5
 
 
 def tiny(n_iters: int) -> dict:
-    return {
-        "name": "watchdog",
-        "model": {"name_or_path": "builtin:tiny-gpt2", "device": "cpu"},
-        "task": {"id": "synthetic_increasing_numbers", "max_train_samples": 8, "max_eval_samples": 2},
-        "reward": {"id": "increasing_numbers"},
-        "rollout": {"max_new_tokens": 4, "batch_size": 2},
-        "algorithm": {"id": "ppo", "n_epochs": 1, "minibatch_size": 2},
-        "train": {
-            "n_iters": n_iters,
-            "prompts_per_iter": 2,
-            "eval_every": 0,
-            "save_every": 1,
-            "log_samples": 2,
-            "save_final_model": False,
-        },
-        "eval": {"generation": {"max_new_tokens": 4, "do_sample": False}},
-    }
-
-
-def status_of(run_id: int) -> str:
-    return Run.objects.values_list("status", flat=True).get(pk=run_id)
+    return tiny_run_config(n_iters, "watchdog")
 
 
 def test_lost_run_is_detected_behind_a_busy_worker_and_resumed_automatically(
@@ -62,23 +41,15 @@ def test_lost_run_is_detected_behind_a_busy_worker_and_resumed_automatically(
     victim.kill()
     killed_at = time.monotonic()
 
-    env = _subprocess_env(
+    log_path = runs_dir / f"watchdog-{run.pk}.log"
+    proc = start_watchdog(
         test_db_name,
-        GRUE_RUNS_DIR=str(runs_dir),
+        runs_dir,
+        log_path,
         GRUE_LOST_AFTER=str(LOST_AFTER),
         GRUE_WATCH_INTERVAL=str(INTERVAL),
         CELERY_QUEUE=victim.queue,  # the resumed run goes back to the queue it came from
     )
-    log_path = runs_dir / f"watchdog-{run.pk}.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "manage.py", "watch_runs"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     try:
         # Lost within GRUE_LOST_AFTER + interval (+ scheduling slack on a loaded machine), not minutes.
         wait_for(

@@ -13,6 +13,8 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
+from tests.conftest import session_cookie, status_of
+from tests.helpers import tiny_run_config
 from webapp.asgi import application
 from webapp.runs import lifecycle, queries, services
 from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus
@@ -21,41 +23,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def tiny(n_iters: int = 2, **over) -> dict:
-    cfg = {
-        "name": "worker-e2e",
-        "model": {"name_or_path": "builtin:tiny-gpt2", "device": "cpu"},
-        "task": {"id": "synthetic_increasing_numbers", "max_train_samples": 8, "max_eval_samples": 2},
-        "reward": {"id": "increasing_numbers"},
-        "rollout": {"max_new_tokens": 4, "batch_size": 2},
-        "algorithm": {"id": "ppo", "n_epochs": 1, "minibatch_size": 2},
-        "train": {
-            "n_iters": n_iters,
-            "prompts_per_iter": 2,
-            "eval_every": 0,
-            "save_every": 1,
-            "log_samples": 2,
-            "save_final_model": False,
-        },
-        "eval": {"generation": {"max_new_tokens": 4, "do_sample": False}},
-    }
-    cfg.update(over)
-    return cfg
+    return tiny_run_config(n_iters, "worker-e2e", **over)
 
 
 FINISHED = ("succeeded", "failed", "cancelled", "lost")
-
-
-def status_of(run_id: int) -> str:
-    return Run.objects.values_list("status", flat=True).get(pk=run_id)
-
-
-def _cookie(user) -> str:
-    from django.conf import settings
-    from django.test import Client
-
-    c = Client()
-    c.force_login(user)
-    return f"{settings.SESSION_COOKIE_NAME}={c.cookies[settings.SESSION_COOKIE_NAME].value}"
 
 
 def _series_query_count(run_id: int, max_points: int) -> int:
@@ -71,7 +42,7 @@ async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researc
     cfg = tiny(2)
     cfg["train"]["save_final_model"] = True
     draft = await database_sync_to_async(services.create_run)(cfg, user=researcher)
-    cookie = await database_sync_to_async(_cookie)(researcher)
+    cookie = await database_sync_to_async(session_cookie)(researcher)
     comm = WebsocketCommunicator(
         application,
         f"/ws/runs/{draft.pk}/",
