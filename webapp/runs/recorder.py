@@ -43,12 +43,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from channels.layers import get_channel_layer
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.utils import timezone
 
 from engine.sinks import eval_log_line, iteration_log_line
 from webapp.runs import ingest, protocol, queries
@@ -243,7 +242,7 @@ class Recorder:
                 self._thread.start()
 
     def _event(self, kind: str, **data: Any) -> None:
-        self._put(_Event(kind, timezone.now(), data))
+        self._put(_Event(kind, datetime.now(UTC), data))
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every event emitted so far is stored (and broadcast); raises RecorderError if
@@ -281,21 +280,29 @@ class Recorder:
         self._event("progress", iteration=int(iteration), total=int(total), eta=eta_seconds, phase=str(phase))
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
-        points = []
-        for k, v in values.items():
-            try:
-                fv = None if v is None else float(v)
-            except (TypeError, ValueError):
-                continue
-            points.append((str(k), int(step), fv))
-        self._event("metrics", points=points)
-        # The run page's log tail: one line per iteration and per evaluation (values stored as metrics).
+        step = int(step)
+        try:
+            points = [(str(k), step, None if v is None else float(v)) for k, v in values.items()]
+        except (TypeError, ValueError):  # a value that is not a number: skip it, keep the others
+            points = []
+            for k, v in values.items():
+                try:
+                    points.append((str(k), step, None if v is None else float(v)))
+                except (TypeError, ValueError):
+                    continue
+        # The run page's log tail: one line per iteration and per evaluation (values stored as
+        # metrics). They ride in the metrics event itself: one queue operation per call, and the
+        # lines are stored and broadcast right after the points, in the same flush.
+        lines, keys = [], []
         line = iteration_log_line(step, values)
         if line:
-            self._log([line], [f"iter:{step}"])
+            lines.append(line)
+            keys.append(f"iter:{step}")
         line = eval_log_line(step, values)
         if line:
-            self._log([line], [f"eval:{step}"])
+            lines.append(line)
+            keys.append(f"eval:{step}")
+        self._put(_Event("metrics", datetime.now(UTC), {"points": points, "lines": lines, "keys": keys}))
 
     def samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
         self._event("samples", step=int(step), split=str(split or "train")[:32], rows=list(rows))
@@ -434,6 +441,10 @@ class Recorder:
                 for k, s, v in pts:
                     if k not in last or s >= last[k][0]:
                         last[k] = (s, v)
+                if ev.data["lines"]:
+                    log_lines.extend(ev.data["lines"])
+                    log_keys.extend(ev.data["keys"])
+                    log_times.extend([t] * len(ev.data["lines"]))
             elif ev.kind == "log":
                 log_lines.extend(ev.data["lines"])
                 log_keys.extend(ev.data["keys"])
@@ -517,7 +528,7 @@ class Recorder:
                         if hit is not None:
                             rows.append(protocol.metric_point(hit[0], k, s, hit[1]))
                 add("metrics", "points", rows)
-            elif ev.kind == "log":
+            if ev.kind in ("metrics", "log"):
                 rows = [
                     protocol.log_line(*stored_lines[key]) for key in ev.data["keys"] if key in stored_lines
                 ]
