@@ -9,11 +9,12 @@ Not a test. Compares:
 
 GRPO (``--grpo``): the reference workload of the group-algorithm issue: SmolLM2-135M, 4 IMDB prompts x 4
 completions x 48 tokens (EOS suppressed), one optimizer step per iteration, beta 0.04 and beta 0 (then
-no reference model exists at all); generation, scoring, update and the whole iteration are timed.
+no reference model exists at all); generation, scoring, update and the whole iteration are timed, in
+wall seconds and in CPU seconds of the process (less sensitive to other people's load).
 
 Usage:
   python bench/engine_step.py                      # tiny GPT-2 and SmolLM2-135M
-  python bench/engine_step.py --grpo --threads 2   # GRPO step on SmolLM2, beta 0.04 and 0
+  python bench/engine_step.py --grpo --threads 2   # GRPO step on SmolLM2, beta 0.04 and 0 (3 repeats)
   python bench/engine_step.py --models tiny        # only the tiny model
   python bench/engine_step.py --json out.json      # also write the numbers
 """
@@ -81,6 +82,26 @@ class PeakMemory:
         self.peak_mb = max(self.peak_mb, self._rss_mb())
 
 
+def git_commit() -> str:
+    """The checked-out commit (and '+dirty' with uncommitted changes), for the results table."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "engine", "bench"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def smollm2_path() -> str:
     from engine.assets import smollm2_gguf_path
 
@@ -112,8 +133,30 @@ def make_config(model: str, value_head: str, precision: str, device: str, args: 
     }
 
 
+class CpuClock:
+    """CPU seconds (``time.process_time``: every thread of the process) spent inside wrapped functions.
+
+    Wall time on a shared machine measures the load as much as the code; CPU time is what the code
+    asked for. With 2 threads it can reach 2x the wall time of a phase.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, phase: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.process_time() - t0
+
+        return timed
+
+
 def engine_setup(cfg_dict: dict) -> Any:
     """A callable running Trainer.rl_iteration (the exact code path of engine.train)."""
+    import engine.rollout as rollout
     from engine.kl import build_kl_controller
     from engine.sinks import RunDirSink
     from engine.trainer import Trainer, build_reward_fn
@@ -128,18 +171,32 @@ def engine_setup(cfg_dict: dict) -> Any:
     t.optimizer = t._make_rl_optimizer()
     t.algo.setup(t.policy)
     n_params = sum(p.numel() for p in t.policy.parameters())
+    clock = CpuClock()  # collect() looks these up in its module at call time, so the wrappers are used
+    rollout.generate = clock.wrap("generate", rollout.generate)
+    rollout.score = clock.wrap("score", rollout.score)
+    rollout.reference_logprobs = clock.wrap("score", rollout.reference_logprobs)
+    t.algo.update = clock.wrap("update", t.algo.update)
+    t.reward_fn = clock.wrap("reward", t.reward_fn)
 
     def one(epochs: int | None = None) -> dict[str, Any]:
         full = t.algo.cfg.n_epochs
         t.algo.cfg.n_epochs = epochs or full
+        clock.seconds.clear()
+        cpu0 = time.process_time()
         with PeakMemory(t.device) as mem:
             m = t.rl_iteration()
+        cpu = time.process_time() - cpu0
         t.algo.cfg.n_epochs = full
         return {
             "generate_s": m["time/generate_s"],
             "score_s": m["time/score_s"],
             "update_s": m["time/update_s"],
             "iteration_s": m["time/iteration_s"],
+            "cpu_generate_s": clock.seconds.get("generate", 0.0),
+            "cpu_score_s": clock.seconds.get("score", 0.0),
+            "cpu_update_s": clock.seconds.get("update", 0.0),
+            "cpu_iteration_s": cpu,
+            "load_average_1m": os.getloadavg()[0],
             "peak_mem_mb": mem.peak_mb,
             "episode_length": m["train/episode_length"],
             "n_params": n_params,
@@ -169,16 +226,29 @@ def grpo_config(model: str, beta: float, device: str) -> dict:
 
 
 def grpo_main(args: argparse.Namespace) -> dict[str, Any]:
-    """Warm-up iteration, then ``repeats`` timed GRPO iterations per beta (best shown, all kept)."""
+    """Warm-up iteration, then ``repeats`` timed GRPO iterations per beta (best shown, all kept).
+
+    Each beta gets its own trainer (beta 0 has no reference model at all); the timed iterations of the
+    two alternate, so that load drift on a shared machine hits both alike.
+    """
+    betas = [float(b) for b in args.betas.split(",")]
+    runs = {beta: engine_setup(grpo_config(smollm2_path(), beta, args.device)) for beta in betas}
+    for run in runs.values():
+        run()  # warm-up: every shape seen once (oneDNN primitives, allocator)
+    times: dict[float, list[dict[str, Any]]] = {beta: [] for beta in betas}
+    for _ in range(args.repeats or 3):
+        for beta, run in runs.items():
+            times[beta].append(run())
+            print("grpo beta", beta, times[beta][-1], flush=True)
     out: dict[str, Any] = {}
-    for beta in (0.04, 0.0):
-        run = engine_setup(grpo_config(smollm2_path(), beta, args.device))
-        run()  # warm-up: every shape seen once
-        times = [run() for _ in range(args.repeats or 1)]
-        best = min(times, key=lambda r: r["iteration_s"])
-        out[f"beta={beta}"] = {**best, "all_iteration_s": [r["iteration_s"] for r in times]}
-        print("grpo", beta, out[f"beta={beta}"], flush=True)
-        del run
+    for beta, rows in times.items():
+        best = min(rows, key=lambda r: r["iteration_s"])
+        out[f"beta={beta}"] = {
+            **best,
+            "all_iteration_s": [round(r["iteration_s"], 2) for r in rows],
+            "all_cpu_iteration_s": [round(r["cpu_iteration_s"], 2) for r in rows],
+            "median_iteration_s": sorted(r["iteration_s"] for r in rows)[len(rows) // 2],
+        }
     return out
 
 
@@ -306,6 +376,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--grpo", action="store_true", help="only the GRPO step (SmolLM2, beta 0.04 and 0)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    ap.add_argument("--betas", default="0.04,0.0", help="GRPO KL coefficients to time (comma-separated)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -313,6 +384,7 @@ def main() -> None:
         report = {
             "machine": f"{platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__}, "
             f"threads {torch.get_num_threads()}",
+            "commit": git_commit(),
             "load_average_before": os.getloadavg(),
             "workload": "GRPO, SmolLM2-135M, 4 IMDB prompts x 4 completions x 48 tokens, one optimizer step",
             "results": grpo_main(args),

@@ -36,6 +36,7 @@ from engine.models.policy import (
     kl_from_logprobs,
     lm_forward,
     restrict_logprobs,
+    token_logprobs,
 )
 from engine.models.precision import autocast
 
@@ -294,6 +295,14 @@ class RolloutBatch:
     kl: torch.Tensor | None = None
     #: (B, T) entropy of the policy's full-vocabulary tempered distribution
     entropy: torch.Tensor | None = None
+    #: False when the rollout skipped the policy's scoring pass (a one-step critic-free update scores
+    #: in its own forward): ``logprobs``, ``kl_logprobs``, ``kl`` and ``entropy`` are zeros until the
+    #: update fills them in, ``values`` stay zeros
+    policy_scored: bool = True
+    #: True when ``ref_logprobs`` come from a reference model (else they are the policy's own)
+    has_reference: bool = True
+    #: the per-token estimator of ``kl`` (``kl.estimator``)
+    kl_estimator: str = "k1"
     prompts: list[str] = field(default_factory=list)
     generations: list[str] = field(default_factory=list)
     references: list[list[str]] = field(default_factory=list)
@@ -366,6 +375,28 @@ class Scored:
     kl_logprobs: torch.Tensor  # policy, full vocabulary at the sampling temperature
     kl: torch.Tensor  # per-token KL estimate of the penalty
     entropy: torch.Tensor  # entropy of the policy's full tempered distribution
+
+
+@torch.no_grad()
+def reference_logprobs(
+    ref_lm: Any, policy: ActorCritic, inputs: dict[str, torch.Tensor], temperature: float, autocast_dtype
+) -> torch.Tensor:
+    """(B, T) reference log-probs of the generated tokens (full vocabulary at the sampling temperature),
+    masked; no (B, T, V) log-softmax is kept (log p = x_a - logsumexp x)."""
+    device = inputs["gen_ids"].device
+    with autocast(device, autocast_dtype):
+        r_logits, _ = lm_forward(
+            ref_lm,
+            policy.is_seq2seq,
+            inputs["prompt_ids"],
+            inputs["prompt_mask"],
+            inputs["gen_ids"],
+            inputs["gen_mask"],
+            policy.decoder_start_id,
+            want_hidden=False,
+        )
+    _, ref_lp, _ = token_logprobs(r_logits, inputs["gen_ids"], temperature, None, want_entropy=False)
+    return ref_lp * inputs["gen_mask"]
 
 
 @torch.no_grad()
@@ -446,15 +477,21 @@ def collect(
     autocast_dtype: torch.dtype | None = None,
     timings: dict[str, float] | None = None,
     kl_estimator: str = "k1",
+    score_policy: bool = True,
     sample_seeds: list[int] | None = None,
 ) -> RolloutBatch:
     """Generate and score episodes for ``samples`` in chunks of ``batch_size`` prompts.
+
+    ``score_policy=False`` skips the policy's scoring pass (only the reference, if any, scores): for an
+    update that scores in its own forward (see ``RolloutBatch.policy_scored``). The ``full`` KL
+    estimator needs both whole distributions at once, so it always scores.
 
     ``sample_seeds`` (one per sample): per-sample sampling noise (:func:`sample_noise`) instead of
     ``generator``, so the episodes do not depend on the chunking.
     """
     import time
 
+    score_policy = score_policy or kl_estimator == "full"
     pad_id = tokenizer.pad_token_id
     keys = ("pi", "pm", "gi", "gm", "sup", "lp", "rlp", "v", "slp", "klp", "kl", "ent")
     parts: dict[str, list] = {k: [] for k in keys}
@@ -487,7 +524,16 @@ def collect(
         )
         t1 = time.perf_counter()
         inputs = {"prompt_ids": pi, "prompt_mask": pm, "gen_ids": g.gen_ids, "gen_mask": g.gen_mask}
-        sc = score(policy, ref_lm, inputs, g.support, spec.temperature, autocast_dtype, kl_estimator)
+        if score_policy:
+            sc = score(policy, ref_lm, inputs, g.support, spec.temperature, autocast_dtype, kl_estimator)
+        else:
+            zeros = torch.zeros_like(g.gen_mask)
+            ref_lp = (
+                reference_logprobs(ref_lm, policy, inputs, spec.temperature, autocast_dtype)
+                if ref_lm is not None
+                else zeros
+            )
+            sc = Scored(zeros, ref_lp, zeros, zeros.clone(), zeros.clone(), zeros.clone())
         timings["generate"] += t1 - t0
         timings["score"] += time.perf_counter() - t1
         for k, t in zip(
@@ -527,6 +573,9 @@ def collect(
         kl_logprobs=cat_padded(parts["klp"], 0.0, left=False),
         kl=cat_padded(parts["kl"], 0.0, left=False),
         entropy=cat_padded(parts["ent"], 0.0, left=False),
+        policy_scored=score_policy,
+        has_reference=ref_lm is not None,
+        kl_estimator=kl_estimator,
         prompts=[s.prompt for s in samples],
         generations=texts,
         references=[list(s.references) for s in samples],

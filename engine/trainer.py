@@ -532,6 +532,8 @@ class Trainer:
             autocast_dtype=self.amp,
             timings=timings,
             kl_estimator=cfg.kl.estimator,
+            # a one-step critic-free update scores the policy in its own forward (group.py)
+            score_policy=getattr(self.algo, "needs_rollout_scores", lambda n: True)(len(samples)),
             sample_seeds=seeds,
         )
         t_reward = time.perf_counter()
@@ -542,9 +544,7 @@ class Trainer:
         mask = batch.gen_mask
         # The penalty's KL is between the full tempered distributions (batch.kl, kl.estimator); the
         # stored support only serves the PPO ratio.
-        rewards, kl = kl_penalty_rewards(task_r, batch.kl, mask, beta)
-        seq_kl = kl.sum(1)
-        token_kl = float(masked_mean(kl, mask))
+        rewards, _ = kl_penalty_rewards(task_r, batch.kl, mask, beta)
         critic_free = getattr(self.algo, "advantages", None)  # GRPO, RLOO, REINFORCE++: no value, no GAE
         if critic_free is not None:
             adv, rewards = critic_free(task_r, batch)
@@ -567,6 +567,10 @@ class Trainer:
             scaler=self.scaler,
         )
         timings["update"] = time.perf_counter() - t_update
+        # Read after the update: a rollout that skipped the policy's scoring pass gets its KL from it.
+        kl = batch.kl * mask
+        seq_kl = kl.sum(1)
+        token_kl = float(masked_mean(kl, mask))
         glob = self._global_stats(task_r, kl, mask, rewards, batch, ret, critic_free is None)
         if glob:  # several ranks: the controller and the metrics see the whole batch
             seq_kl, token_kl = glob.pop("seq_kl"), float(glob["train/kl"])

@@ -3,6 +3,7 @@ sampling in the trainer, no reference model at beta 0, seq2seq, and learning bes
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -19,6 +20,14 @@ from engine.algorithms.group import (
     rloo_advantages,
 )
 from engine.config import parse_config
+from engine.models.policy import (
+    EosBan,
+    entropy_from_logprobs,
+    full_logprobs,
+    gather_logprobs,
+    processed_logprobs,
+    token_logprobs,
+)
 from engine.registry import algorithms, rewards
 from engine.rewards.synthetic import digit_fraction
 
@@ -121,6 +130,103 @@ def test_config_defaults_and_group_size_check():
         algorithms.build("grpo", cfg=one)
     algorithms.build("reinforce_pp", cfg=one.model_copy(update={"id": "reinforce_pp"}))  # no group needed
     assert set(GROUP_IDS) <= set(algorithms.ids())
+
+
+# ----------------------------------------------------------------------------------- one-step update
+
+
+def test_token_logprobs_equal_the_log_softmax_path():
+    """The update's log-probs (one fp32 copy of the logits, log-sum-exp) equal the log-softmax path for
+    the full vocabulary, the EOS ban of min_new_tokens and a (B, T, V) support mask, with temperature."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11) * 3
+    actions = torch.randint(0, 10, (3, 5))  # never token 10 (banned at every step below)
+    actions[:, :2] = torch.where(actions[:, :2] == 4, 5, actions[:, :2])  # EOS (4) banned at steps 0-1
+    mask = torch.rand(3, 5, 11) > 0.4
+    mask.scatter_(-1, actions.unsqueeze(-1), True)  # the taken action is always inside the support
+    for support in (None, EosBan(eos_id=4, steps=2), EosBan(eos_id=10, steps=9), mask):
+        for temperature in (1.0, 0.7):
+            sampled, full, entropy = token_logprobs(logits, actions, temperature, support)
+            want_full = full_logprobs(logits, temperature)
+            want = gather_logprobs(processed_logprobs(logits, temperature, support), actions)
+            assert torch.allclose(sampled, want, atol=1e-5), support
+            assert torch.allclose(full, gather_logprobs(want_full, actions), atol=1e-5)
+            assert torch.allclose(entropy, entropy_from_logprobs(want_full), atol=1e-5)
+
+
+def test_needs_rollout_scores_only_without_a_one_step_update():
+    def algo(aid: str, beta: float, **over) -> object:
+        cfg = parse_config({"algorithm": {"id": aid, "minibatch_size": 16, "group": {"beta": beta}, **over}})
+        return algorithms.build(aid, cfg=cfg.algorithm)
+
+    # 32 episodes in minibatches of 16: two optimizer steps unless both minibatches accumulate into one
+    assert algo("grpo", 0.04).optimizer_steps(32) == 2 and algo("grpo", 0.04).needs_rollout_scores(32)
+    assert not algo("grpo", 0.04, grad_accumulation=2).needs_rollout_scores(32)
+    assert not algo("grpo", 0.0).needs_rollout_scores(16)  # GRPO: the KL is in the loss, any beta
+    assert not algo("grpo", 0.04).needs_rollout_scores(16)
+    assert algo("grpo", 0.04, n_epochs=2).needs_rollout_scores(16)  # mu > 1: the ratio needs old log-probs
+    assert algo("rloo", 0.04).needs_rollout_scores(16)  # KL in the reward: known before the update
+    assert not algo("rloo", 0.0).needs_rollout_scores(16)
+    assert algo("reinforce_pp", 0.05).needs_rollout_scores(16)
+    assert not algo("reinforce_pp_baseline", 0.0).needs_rollout_scores(16)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_one_step_update_without_scoring_pass_equals_the_scored_one(make_policy, beta):
+    """GRPO, one pass, one optimizer step: skipping the rollout's policy scoring (old log-probs = the
+    update's own, detached, as TRL) moves the weights exactly as the scored rollout (ratio 1 vs the
+    scored log-probs, equal up to float noise), and the update fills in the rollout's KL, entropy and
+    log-probs with the values the scoring pass computes."""
+    from engine.data.base import Sample
+    from engine.models.policy import frozen_copy
+    from engine.rollout import SamplingSpec, collect
+
+    policy, tok = make_policy("causal")
+    ref = frozen_copy(policy.lm) if beta > 0 else None
+    if ref is not None:
+        with torch.no_grad():  # the policy has moved away from its reference
+            for p in policy.lm.parameters():
+                p.add_(0.02 * torch.randn_like(p))
+    cfg = parse_config(
+        {
+            "algorithm": {
+                "id": "grpo",
+                "learning_rate": 1e-2,
+                "minibatch_size": 8,
+                "group": {"group_size": 4, "beta": beta},
+            }
+        }
+    )
+    algo = algorithms.build("grpo", cfg=cfg.algorithm)
+    samples = [Sample(id=str(i // 4), prompt=f"Count: {i // 4} 1 2") for i in range(8)]
+    spec = SamplingSpec(max_new_tokens=5, min_new_tokens=2, eos_id=tok.eos_token_id)
+    assert not algo.needs_rollout_scores(len(samples))
+    runs = {}
+    for scored in (True, False):
+        pol = copy.deepcopy(policy)
+        gen = torch.Generator().manual_seed(5)
+        batch = collect(pol, ref, tok, samples, spec, 32, 8, torch.device("cpu"), generator=gen,
+                        kl_estimator="k3", score_policy=scored)  # fmt: skip
+        assert batch.policy_scored is scored
+        rewards = torch.tensor([0.0, 1.0, 0.5, 0.2, 1.0, 1.0, 0.0, 0.3])
+        adv, _ = algo.advantages(rewards, batch)
+        opt = torch.optim.SGD(pol.parameters(), lr=0.1)  # Adam's first step would amplify float noise
+        stats = algo.update(pol, opt, batch, advantages=adv, generator=torch.Generator().manual_seed(0))
+        runs[scored] = (pol, batch, stats)
+    (p1, b1, s1), (p0, b0, s0) = runs[True], runs[False]
+    assert torch.equal(b1.gen_ids, b0.gen_ids)  # the same episodes
+    assert s0["policy/ratio_mean"] == 1.0 and s0["policy/clipfrac"] == 0.0
+    assert s1["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    for name in ("logprobs", "kl_logprobs", "entropy", "kl", "ref_logprobs"):
+        assert torch.allclose(getattr(b0, name), getattr(b1, name), atol=1e-5), name
+    if beta > 0:
+        assert float(b0.kl.abs().max()) > 1e-4  # a real KL was filled in
+        assert s0["loss/kl"] == pytest.approx(s1["loss/kl"], abs=1e-6)
+    moved = 0.0
+    for a, b, start in zip(p0.parameters(), p1.parameters(), policy.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+        moved = max(moved, float((a - start).abs().max()))
+    assert moved > 1e-4  # the update did change the weights
 
 
 # ----------------------------------------------------------------------------------- trainer runs
