@@ -181,7 +181,7 @@ def publish(run_id: int, task_id: str) -> None:
                 EXECUTE_TASK,
                 args=[run_id],
                 task_id=task_id,
-                queue=services.run_queue(),
+                queue=services.run_queue(Run.objects.only("config").get(pk=run_id).config),
                 retry=False,
                 connection=conn,
             )

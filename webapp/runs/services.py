@@ -101,9 +101,17 @@ def run_dir_owner(path: Path, *, exclude: int | None = None) -> Run | None:
     )
 
 
-def run_queue() -> str:
-    """The Celery queue runs are sent to (tests use a queue of their own)."""
-    return settings.CELERY_TASK_DEFAULT_QUEUE
+#: Suffix of the queue GPU runs go to: ``runs`` (CPU) and ``runs-gpu`` by default.
+GPU_QUEUE_SUFFIX = "-gpu"
+
+
+def run_queue(config: dict[str, Any] | None = None) -> str:
+    """The Celery queue a run is sent to: the CPU queue (``CELERY_QUEUE``, tests use one of their
+    own), or its ``-gpu`` twin when the config's ``resources.devices`` is ``cuda``. Workers on a GPU
+    host consume both (webapp/runs/workers.py), CPU-only workers only the first."""
+    base = settings.CELERY_TASK_DEFAULT_QUEUE
+    devices = ((config or {}).get("resources") or {}).get("devices", "cpu")
+    return base + GPU_QUEUE_SUFFIX if devices == "cuda" else base
 
 
 def _denormalise(run: Run) -> None:

@@ -14,14 +14,15 @@ import threading
 import traceback as tb
 from typing import Any
 
+import torch
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import celeryd_after_setup, worker_ready
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 import engine
-from webapp.runs import lifecycle
+from webapp.runs import launcher, lifecycle, workers
 from webapp.runs.models import Run, RunStatus
 from webapp.runs.recorder import Recorder, with_db_retry
 
@@ -42,9 +43,14 @@ def execute_run(self: Any, run_id: int) -> str:
     beat.start()
     try:
         config = lifecycle.prepare_run_dir(run)
-        summary = engine.train(
-            config, sink=recorder, should_stop=StopCheck(run_id), resume_from=run.resume_from or None
-        )
+        if launcher.processes_of(config) > 1:  # torchrun, supervised here (webapp/runs/launcher.py)
+            summary = launcher.run_distributed(
+                run_id, config, run.resume_from or None, StopCheck(run_id), launcher.cancel_grace_s()
+            )
+        else:
+            summary = engine.train(
+                config, sink=recorder, should_stop=StopCheck(run_id), resume_from=run.resume_from or None
+            )
         recorder.close()  # everything stored before the status says so
         # The final status rides out a database outage as the recorder does (webapp/runs/recorder.py).
         return with_db_retry(
@@ -121,6 +127,13 @@ def _worker_name(task: Any) -> str:
 def mark_lost_runs() -> list[int]:
     """Periodic (celery beat) check: running runs whose heartbeat stopped become ``lost``."""
     return lifecycle.mark_lost_runs()
+
+
+@celeryd_after_setup.connect
+def _consume_gpu_queue(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
+    """A worker that serves GPUs also consumes the GPU run queue (webapp/runs/workers.py)."""
+    for queue in workers.extra_queues(workers.worker_devices(torch.cuda.is_available())):
+        instance.app.amqp.queues.select_add(queue)
 
 
 @worker_ready.connect

@@ -1,0 +1,90 @@
+"""Resource-aware workers with REAL Celery worker processes: a run is routed to a queue that can
+serve its ``resources.devices``, and a run with ``resources.processes: 2`` is launched by the worker
+through torchrun, streams into the database from rank 0 and is cancelled as a whole process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import status_of
+from tests.helpers import tiny_run_config
+from webapp.celery import app as celery_app
+from webapp.runs import lifecycle, services, workers
+from webapp.runs.models import MetricPoint, Run, RunLog, RunStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_runs_go_to_a_worker_that_can_serve_their_devices(worker_factory, researcher, settings, wait_for):
+    queue = f"res-{uuid.uuid4().hex[:8]}"
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    # A CPU worker on the run queue; a "GPU" worker (GRUE_WORKER_DEVICES=cuda: detection overridden,
+    # this machine has no GPU) that consumes only the GPU queue it adds itself at start.
+    env = {"CELERY_QUEUE": queue}
+    cpu = worker_factory(queue=queue, extra_env={**env, "GRUE_WORKER_DEVICES": "cpu"})
+    gpu = worker_factory(queue=f"{queue}-idle", extra_env={**env, "GRUE_WORKER_DEVICES": "cuda"})
+    assert services.run_queue({"resources": {"devices": "cuda"}}) == f"{queue}-gpu"
+
+    seen = wait_for(
+        lambda: (
+            (found := {w["name"]: w for w in workers.describe(celery_app, timeout=5)})
+            and {cpu.name, gpu.name} <= set(found)
+            and found
+        ),
+        timeout=60,
+        what="both workers answering inspect",
+    )
+    assert seen[cpu.name]["devices"] == ["cpu"] and seen[gpu.name]["devices"] == ["cuda"]
+    assert seen[cpu.name]["free"] == 1  # --concurrency=1, idle
+    gpu_config = tiny_run_config(2, "gpu-run", resources={"devices": "cuda"})
+    assert [w["name"] for w in workers.can_serve(list(seen.values()), gpu_config)] == [gpu.name]
+
+    cpu_run = lifecycle.launch_run(tiny_run_config(2, "cpu-run"), user=researcher)
+    gpu_run = lifecycle.launch_run(gpu_config, user=researcher)  # trains on the CPU here (model.device)
+    for run in (cpu_run, gpu_run):
+        wait_for(lambda run=run: status_of(run.pk) == RunStatus.SUCCEEDED, timeout=300, what="run to succeed")
+    assert Run.objects.get(pk=cpu_run.pk).worker_host == cpu.name
+    assert Run.objects.get(pk=gpu_run.pk).worker_host == gpu.name
+
+
+def test_two_process_run_streams_from_rank_0_and_cancel_kills_the_group(
+    worker_factory, researcher, settings, wait_for
+):
+    worker = worker_factory(extra_env={"GRUE_CANCEL_GRACE_S": "60"})
+    settings.CELERY_TASK_DEFAULT_QUEUE = worker.queue
+    run = lifecycle.launch_run(
+        tiny_run_config(10_000, "two-procs", resources={"processes": 2}), user=researcher
+    )
+    run_dir = Path(
+        wait_for(lambda: Run.objects.get(pk=run.pk).run_dir, timeout=180, what="the run directory")
+    )
+    ranks = wait_for(lambda: json.loads((run_dir / "ranks.json").read_text()), timeout=300, what="ranks.json")
+    pids = [r["pid"] for r in ranks["ranks"]]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    # Rank 0's recorder stores metrics and the "where it runs" line in the database.
+    wait_for(
+        lambda: MetricPoint.objects.filter(run_id=run.pk, key="train/reward_mean", step__gte=2).exists(),
+        timeout=300,
+        what="metrics of iteration 2 in the database",
+    )
+    assert RunLog.objects.filter(run_id=run.pk, line__contains="distributed: 2 processes (gloo)").exists()
+    assert status_of(run.pk) == RunStatus.RUNNING
+
+    lifecycle.cancel_run(run)
+    wait_for(lambda: status_of(run.pk) == RunStatus.CANCELLED, timeout=300, what="run cancelled")
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=60, what="every rank gone")
+    assert (run_dir / "checkpoints" / "latest.json").exists()  # stopped at a step, with a checkpoint
