@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.urls import reverse
 
 from tests.conftest import status_of
 from tests.helpers import tiny_run_config
@@ -88,3 +89,15 @@ def test_two_process_run_streams_from_rank_0_and_cancel_kills_the_group(
     wait_for(lambda: status_of(run.pk) == RunStatus.CANCELLED, timeout=300, what="run cancelled")
     wait_for(lambda: not any(_alive(p) for p in pids), timeout=60, what="every rank gone")
     assert (run_dir / "checkpoints" / "latest.json").exists()  # stopped at a step, with a checkpoint
+
+
+def test_workers_panel_and_where_a_run_runs(celery_worker, client, researcher):
+    assert client.get(reverse("runs:workers")).status_code == 302  # login first
+    client.force_login(researcher)
+    page = client.get(reverse("runs:launch")).content.decode()
+    assert 'id="workers-card"' in page and reverse("runs:workers") in page
+    found = client.get(reverse("runs:workers")).json()["workers"]
+    mine = [w for w in found if w["name"] == celery_worker.name]
+    assert mine and mine[0]["devices"] == ["cpu"] and mine[0]["slots"] == 1
+    run = services.create_run(tiny_run_config(2, "where", resources={"processes": 2}), user=researcher)
+    assert "2 processes · cpu" in client.get(reverse("runs:detail", args=[run.pk])).content.decode()

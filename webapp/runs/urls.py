@@ -9,6 +9,7 @@ app_name = "runs"
 urlpatterns = [
     path("", views.run_list, name="list"),
     path("launch/", views.launch, name="launch"),
+    path("workers.json", views.workers_json, name="workers"),
     path("import/", views.import_run, name="import"),
     path("compare/", views.compare, name="compare"),
     path("compare/metrics.<str:fmt>", views.compare_export, name="compare_export"),

@@ -28,7 +28,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from engine.config import ConfigError, parse_config
 from webapp.access import researcher_required
-from webapp.runs import extensions, lifecycle, paths, queries, services
+from webapp.celery import app as celery_app
+from webapp.runs import extensions, lifecycle, paths, queries, services, workers
 from webapp.runs.forms import (
     ImportRunForm,
     RunConfigForm,
@@ -149,6 +150,19 @@ def _cloned_from(request: HttpRequest) -> Run | None:
     if raw.isdigit():
         return Run.objects.filter(pk=int(raw)).first()
     return None
+
+
+@researcher_required
+@require_GET
+def workers_json(request: HttpRequest) -> JsonResponse:
+    """The live workers, their device kinds and free slots (Celery ``inspect``), for the launch
+    form's resources panel. Fetched by the page after it loads: ``inspect`` waits its whole timeout
+    for replies, which the form itself must not wait for."""
+    try:
+        found = workers.describe(celery_app, timeout=1.0)
+    except Exception as exc:  # noqa: BLE001 - a broker outage is a message in the panel, not a 500
+        return JsonResponse({"workers": [], "error": f"could not ask the workers: {exc}"})
+    return JsonResponse({"workers": found})
 
 
 @researcher_required

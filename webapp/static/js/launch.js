@@ -76,3 +76,40 @@
   select.addEventListener("change", sync);
   sync();
 })();
+
+// Resources panel: the live workers, their device kinds and free slots (GET workers.json after the
+// page loads), marking those the form's resources.devices would be routed to.
+(function () {
+  "use strict";
+  const card = document.getElementById("workers-card");
+  if (!card) return;
+  const list = document.getElementById("workers-list");
+  const status = document.getElementById("workers-status");
+  const devicesField = document.querySelector("[name='resources__devices']");
+  let workers = [];
+  function render() {
+    const wanted = devicesField ? devicesField.value : "cpu";
+    list.replaceChildren();
+    let able = 0;
+    workers.forEach((w) => {
+      const li = document.createElement("li");
+      const fits = w.devices.includes(wanted);
+      if (fits) able += 1;
+      li.className = fits ? "worker-fits" : "muted";
+      li.textContent = `${w.name} — ${w.devices.join(", ")} — ${w.free} of ${w.slots} slot${w.slots === 1 ? "" : "s"} free`;
+      list.appendChild(li);
+    });
+    status.textContent = workers.length
+      ? `${able} of ${workers.length} worker${workers.length === 1 ? "" : "s"} can take a ${wanted} run.`
+      : "No worker answered: the run will wait in its queue until one starts.";
+  }
+  fetch(card.dataset.url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+    .then((r) => r.json())
+    .then((data) => {
+      workers = data.workers || [];
+      if (data.error) status.textContent = data.error;
+      else render();
+    })
+    .catch(() => { status.textContent = "Could not ask the workers."; });
+  if (devicesField) devicesField.addEventListener("change", render);
+})();
