@@ -33,6 +33,8 @@ from engine.presets import list_presets, load_preset
 from engine.registry import UnknownComponentError
 from engine.remote import RemoteSink, push_outbox, start_remote_run
 from engine.sinks import ConsoleSink
+from engine.sweep import SweepError, load_sweep, run_sweep
+from engine.sweep import table as sweep_table
 
 
 class CLIError(Exception):
@@ -99,6 +101,21 @@ def cmd_train(args: argparse.Namespace) -> int:
             _close_remote(remote)
     print(json.dumps({k: v for k, v in summary.items() if k != "final_metrics"}, indent=2))
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    sweep = load_sweep(args.sweep_file, output_dir=args.output_dir)
+    print(
+        f"sweep {sweep.name}: {len(sweep.runs)} runs ({sweep.method}) into {sweep.output_dir}",
+        file=sys.stderr,
+    )
+    if args.dry_run:
+        for run in sweep.runs:
+            print(json.dumps({"name": run["name"], "values": run["values"]}))
+        return 0
+    results = run_sweep(sweep, processes=args.processes, progress=lambda m: print(m, file=sys.stderr))
+    print(sweep_table(sweep, results))
+    return 0 if all(r["status"] != "failed" for r in results) else 1
 
 
 def _remote_sink(args: argparse.Namespace, cfg: RunConfig) -> Any:
@@ -269,6 +286,13 @@ def make_parser() -> argparse.ArgumentParser:
     )
     t.set_defaults(func=cmd_train)
 
+    sw = sub.add_parser("sweep", help="grid or random search over config paths (engine/sweep.py)")
+    sw.add_argument("sweep_file", metavar="SWEEP.yaml")
+    sw.add_argument("--processes", type=int, default=1, help="runs trained at once (default 1)")
+    sw.add_argument("--output-dir", help="overrides the sweep file's output_dir")
+    sw.add_argument("--dry-run", action="store_true", help="list the runs and their values, train nothing")
+    sw.set_defaults(func=cmd_sweep)
+
     pu = sub.add_parser("push", help="send a streamed run's undelivered batches (its remote/ outbox)")
     pu.add_argument("run_dir", metavar="RUN_DIR")
     pu.add_argument("--report-to", metavar="URL", help="dashboard URL (env GRUE_URL)")
@@ -310,7 +334,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _friendly(exc: BaseException) -> str | None:
     """One-line explanation for errors users cause; None for bugs (which keep their traceback)."""
-    if isinstance(exc, (ConfigError, CLIError, UnknownComponentError)):
+    if isinstance(exc, (ConfigError, CLIError, UnknownComponentError, SweepError)):
         return str(exc)
     name = type(exc).__name__
     if name in (
