@@ -6,6 +6,7 @@ can only select code that the installation registered on purpose.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -91,7 +92,6 @@ def _ensure_builtins() -> None:
     if _loaded:
         return
     _loaded = True
-    import importlib
 
     for mod in (
         "engine.data",

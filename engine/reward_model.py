@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.assets import minilm_dir as _minilm_dir
 from engine.jsonl import iter_jsonl
+from engine.models.builtin import builtin_model_dir
 
 METADATA_FILE = "grue_reward_model.json"
 
@@ -51,7 +53,6 @@ class PreferencePair:
 
 def minilm_dir() -> Path:
     """Folder of the offline MiniLM model (the default reward-model backbone)."""
-    from engine.assets import minilm_dir as _minilm_dir
 
     return _minilm_dir()
 
@@ -61,8 +62,6 @@ def resolve_backbone(name: str | None) -> str:
     if name in (None, "", "minilm", "default"):
         return str(minilm_dir())
     if name.startswith("builtin:"):
-        from engine.models.builtin import builtin_model_dir
-
         return str(builtin_model_dir(name))
     return name
 

@@ -32,8 +32,9 @@ from typing import Any
 
 import yaml
 
-from engine import yamlio
+from engine import registry, yamlio
 from engine.config import ConfigError
+from engine.registry import algorithms
 from engine.rewards.grue import PYROUGE_ONLY_ARGS
 
 log = logging.getLogger("engine.rl4lms")
@@ -231,8 +232,6 @@ class _Converter:
             raise ConfigError("RL4LMs config: 'alg' must be a mapping", [("alg", "expected a mapping")])
         alg_id = alg.get("id")
         if alg_id not in ALGORITHM_IDS:
-            from engine.registry import algorithms
-
             if alg_id in algorithms:
                 our_alg = alg_id
             else:
@@ -648,7 +647,6 @@ class _Converter:
 
 
 def _registered(registry_name: str, our_id: str) -> bool:
-    from engine import registry
 
     reg = {"task": registry.tasks, "reward": registry.rewards, "metric": registry.metrics}[registry_name]
     return our_id in reg
@@ -656,7 +654,6 @@ def _registered(registry_name: str, our_id: str) -> bool:
 
 def _accepted_args(registry_name: str, our_id: str) -> set[str] | None:
     """Parameter names of a registered factory; None when unknown or it takes ``**kwargs``."""
-    from engine import registry
 
     reg = {"task": registry.tasks, "reward": registry.rewards, "metric": registry.metrics}[registry_name]
     try:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from engine.metrics.base import Metric, MetricError, check_inputs
+from engine.registry import metrics as registry
 
 __all__ = ["Metric", "MetricError", "build_metrics", "check_inputs", "compute_all"]
 
@@ -24,7 +25,6 @@ for _info in pkgutil.iter_modules(__path__):
 
 def build_metrics(components: Iterable[Any]) -> list[Any]:
     """Instantiate metrics from Component objects or ``{"id", "args"}`` dicts (the config's ``eval.metrics``)."""
-    from engine.registry import metrics as registry
 
     built = []
     for i, comp in enumerate(components):

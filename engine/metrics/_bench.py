@@ -11,13 +11,14 @@ import argparse
 import json
 import time
 
+from engine.metrics import build_metrics, compute_all
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--commongen", required=True)
     ap.add_argument("-n", type=int, default=200)
     args = ap.parse_args()
-    from engine.metrics import build_metrics, compute_all
 
     rows = []
     with open(args.commongen, encoding="utf-8") as fh:

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.models.builtin import builtin_model_dir
+
 MetricResult = dict[str, tuple[list[float] | None, float]]
 
 
@@ -95,12 +97,6 @@ def cache_dir() -> Path:
 def resolve_model_path(name_or_path: str) -> str:
     """Map ``builtin:*`` names to their local directory (engine.models.builtin), else return as is."""
     if name_or_path.startswith("builtin:"):
-        try:
-            from engine.models.builtin import builtin_model_dir
-        except ImportError as exc:
-            raise MetricError(
-                f"{name_or_path!r} needs engine.models.builtin, which is not importable: {exc}"
-            ) from exc
         return str(builtin_model_dir(name_or_path))
     return name_or_path
 

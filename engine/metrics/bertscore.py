@@ -20,6 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from engine.assets import MissingAssetError
+from engine.assets import minilm_dir as _minilm_dir
 from engine.metrics.base import (
     Metric,
     MetricError,
@@ -40,8 +42,6 @@ MINILM_LAYER = 4
 
 def minilm_dir() -> Path:
     """The offline MiniLM encoder; a missing wheel is a MetricError (the metric's error type)."""
-    from engine.assets import MissingAssetError
-    from engine.assets import minilm_dir as _minilm_dir
 
     try:
         return _minilm_dir()

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.metrics.intent import IntentAccuracy
 from engine.registry import metrics
 
 
 @metrics.register("intent_accuracy", "DailyDialog: predicted act of the generation == the reference's act")
 def intent_accuracy(model_dir: str | None = None) -> Any:
     """IntentAccuracy with the shipped classifier, or one trained by ``python -m engine.metrics.intent train``."""
-    from engine.metrics.intent import IntentAccuracy
 
     return IntentAccuracy(model_dir)

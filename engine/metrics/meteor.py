@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,6 @@ def wordnet() -> Any:
     global _wordnet
     if _wordnet is None:
         root = ensure_wordnet()
-        import warnings
 
         from nltk.corpus.reader.wordnet import WordNetCorpusReader
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.metrics.base import Metric, MetricError, MetricResult, check_inputs, mean
-from engine.registry import metrics
+from engine.registry import metrics, rewards
 
 KEYS = {"vader": "semantic/sentiment_vader", "learned": "semantic/learned_automodel_metric"}
 
@@ -29,7 +29,6 @@ class Sentiment(Metric):
     def __init__(self, variant: str = "vader", include_prompt: bool | None = None, **scorer_args: Any):
         if variant not in KEYS:
             raise MetricError(f"sentiment: variant must be one of {sorted(KEYS)}, got {variant!r}")
-        from engine.registry import rewards
 
         self.variant = variant
         self.key = self.reward_key = KEYS[variant]

@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from engine.assets import gpt2_tokenizer_data_dir
+
 BUILTIN_PREFIX = "builtin:"
 # Bump the version when the recipe changes so stale caches are never reused.
 _VERSION = "v1"
@@ -37,7 +39,6 @@ def gpt2_tokenizer_dir() -> Path:
     out = cache_root() / "tokenizers" / "gpt2"
     if (out / "vocab.json").exists() and (out / "merges.txt").exists():
         return out
-    from engine.assets import gpt2_tokenizer_data_dir
 
     data = gpt2_tokenizer_data_dir()
     out.parent.mkdir(parents=True, exist_ok=True)

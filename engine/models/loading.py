@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from engine.config import RIGHT_PADDING_CAUSAL
 from engine.models.builtin import builtin_model_dir, cache_root, is_builtin
 
 
@@ -109,7 +110,7 @@ def detect_kind(path: str, requested: str = "auto", revision: str | None = None)
         return requested
     from transformers import AutoConfig
 
-    from engine.models.lora import adapter_base, is_adapter_dir
+    from engine.models.lora import adapter_base, is_adapter_dir  # torch-bound: loaded with the model
 
     if is_adapter_dir(path):  # a LoRA run's model saved as an adapter: the base model's family
         path = adapter_base(path)
@@ -126,7 +127,7 @@ def load_lm(path: str, kind: str, revision: str | None = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    from engine.models.lora import adapter_base, is_adapter_dir, load_adapter_dir
+    from engine.models.lora import adapter_base, is_adapter_dir, load_adapter_dir  # torch-bound
 
     _quiet_transformers()
     if is_adapter_dir(path):  # LoRA adapter directory: its base model with the adapter merged in
@@ -154,8 +155,6 @@ def load_tokenizer(
     prompts are right padded whatever ``padding_side`` says (see ``engine.rollout.prompt_padding_side``).
     """
     from transformers import AutoTokenizer
-
-    from engine.config import RIGHT_PADDING_CAUSAL
 
     if kind == "causal" and padding_side == "right":
         raise ValueError(RIGHT_PADDING_CAUSAL)

@@ -12,6 +12,7 @@ import pkgutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from engine.config import RewardConfig
 from engine.registry import rewards
 
 RewardFn = Callable[[list[str], list[str], list[list[str]], list[dict[str, Any]]], list[float]]
@@ -119,8 +120,6 @@ def build_reward(cfg: Any) -> RewardFn:
     fails with its name instead of corrupting advantages.
     """
     if isinstance(cfg, dict):
-        from engine.config import RewardConfig
-
         cfg = RewardConfig.model_validate(cfg)
     if cfg.id == "weighted_sum":
         # Its only argument is the component list: anything else would be silently ignored.

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.assets import minilm_dir as _minilm_dir
 from engine.data.sources import FIXTURES_DIR, read_records
 
 
 def minilm_dir() -> Path:
-    from engine.assets import minilm_dir as _minilm_dir
 
     return _minilm_dir()
 
