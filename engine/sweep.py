@@ -111,44 +111,67 @@ def load_sweep(path: str | Path, output_dir: str | None = None) -> Sweep:
         raise SweepError(f"{path}: cannot read the sweep file ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         raise SweepError(f"{path}: not valid YAML: {exc}") from None
+    return sweep_from_data(
+        data, str(path), base_dir=path.parent, default_name=path.stem, output_dir=output_dir
+    )
+
+
+def sweep_from_data(
+    data: Any,
+    source: str,
+    base_dir: Path | None = None,
+    default_name: str = "sweep",
+    output_dir: str | None = None,
+    max_runs: int | None = None,
+) -> Sweep:
+    """A checked sweep from its parsed mapping. ``base_dir`` None refuses ``base`` (a config file):
+    the web app passes None, so a sweep launched there never reads a file named by the user.
+    ``max_runs`` caps the expansion (the web app's limit), checked before any config is built."""
     if not isinstance(data, dict):
-        raise SweepError(f"{path}: expected a mapping")
+        raise SweepError(f"{source}: expected a mapping")
     unknown = set(data) - _KEYS
     if unknown:
         raise SweepError(
-            f"{path}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_KEYS))})"
+            f"{source}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_KEYS))})"
         )
     if ("base" in data) == ("config" in data):
-        raise SweepError(f"{path}: give exactly one of base (a config file) or config (inline)")
+        raise SweepError(f"{source}: give exactly one of base (a config file) or config (inline)")
     if "base" in data:
-        base, unhonoured = read_config_file(str((path.parent / str(data["base"])).resolve()))
+        if base_dir is None:
+            raise SweepError(f"{source}: base: give the base config inline under config: here")
+        base, unhonoured = read_config_file(str((base_dir / str(data["base"])).resolve()))
         if unhonoured:
-            raise SweepError(f"{path}: base config has RL4LMs keys GRUE cannot honour: {unhonoured}")
+            raise SweepError(f"{source}: base config has RL4LMs keys GRUE cannot honour: {unhonoured}")
     else:
         base = data["config"]
         if not isinstance(base, dict):
-            raise SweepError(f"{path}: config: expected a mapping")
+            raise SweepError(f"{source}: config: expected a mapping")
     method = str(data.get("method", "grid"))
     if method not in ("grid", "random"):
-        raise SweepError(f"{path}: method: expected grid or random, got {method!r}")
+        raise SweepError(f"{source}: method: expected grid or random, got {method!r}")
     params = data.get("parameters")
     if not isinstance(params, dict) or not params:
-        raise SweepError(f"{path}: parameters: expected a mapping of config paths to values")
-    count = int(data.get("count", 0))
+        raise SweepError(f"{source}: parameters: expected a mapping of config paths to values")
+    try:
+        count, seed = int(data.get("count", 0)), int(data.get("seed", 0))
+    except (TypeError, ValueError):
+        raise SweepError(f"{source}: count and seed must be integers") from None
     if method == "random" and count < 1:
-        raise SweepError(f"{path}: count: method random needs count >= 1")
+        raise SweepError(f"{source}: count: method random needs count >= 1")
+    name = str(data.get("name") or default_name)
     sweep = Sweep(
-        name=str(data.get("name") or path.stem),
+        name=name,
         base=base,
         method=method,
         parameters=[_parameter(str(k), v, method) for k, v in params.items()],
         count=count,
-        seed=int(data.get("seed", 0)),
+        seed=seed,
         metric=str(data.get("metric", "eval/reward_mean")),
-        output_dir=Path(
-            output_dir or data.get("output_dir") or Path("sweeps") / (data.get("name") or path.stem)
-        ),
+        output_dir=Path(output_dir or data.get("output_dir") or Path("sweeps") / name),
     )
+    n = count if method == "random" else math.prod(len(p.values or []) for p in sweep.parameters)
+    if max_runs is not None and n > max_runs:
+        raise SweepError(f"{source}: {n} runs; at most {max_runs} per sweep here")
     sweep.runs = expand(sweep)
     return sweep
 

@@ -27,9 +27,10 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from engine.config import ConfigError, parse_config
+from engine.sweep import SweepError
 from webapp.access import researcher_required
 from webapp.celery import app as celery_app
-from webapp.runs import extensions, lifecycle, paths, queries, services, workers
+from webapp.runs import extensions, lifecycle, paths, queries, services, sweeps, workers
 from webapp.runs.forms import (
     ImportRunForm,
     RunConfigForm,
@@ -150,6 +151,47 @@ def _cloned_from(request: HttpRequest) -> Run | None:
     if raw.isdigit():
         return Run.objects.filter(pk=int(raw)).first()
     return None
+
+
+@researcher_required
+@require_http_methods(["GET", "POST"])
+def sweep_new(request: HttpRequest) -> HttpResponse:
+    """A sweep in the CLI's format (engine/sweep.py) with its base config inline: every run is
+    validated, then all are queued together, tagged ``sweep:<name>-<id>``."""
+    text, error = sweeps.EXAMPLE, ""
+    if request.method == "POST":
+        text = request.POST.get("sweep_yaml", "")
+        try:
+            tag, runs = sweeps.launch_sweep(text, request.user)
+        except (SweepError, services.ServiceError) as exc:
+            error = str(exc)
+        else:
+            messages.success(request, f"Sweep queued: {len(runs)} runs.")
+            return redirect("runs:sweep", tag=tag)
+    return render(
+        request, "runs/sweep_new.html", {"sweep_yaml": text, "error": error, "max_runs": sweeps.MAX_RUNS}
+    )
+
+
+@researcher_required
+@require_GET
+def sweep_detail(request: HttpRequest, tag: str) -> HttpResponse:
+    """The runs of one sweep: varied values, status and final metric; parallel coordinates."""
+    if not tag.startswith(sweeps.TAG_PREFIX):
+        raise Http404("not a sweep")
+    metric = request.GET.get("metric", "").strip()[:200] or "train/reward_mean"
+    data = sweeps.sweep_table(tag, metric)
+    if not data["runs"]:
+        raise Http404("no runs in this sweep")
+    return render(request, "runs/sweep_detail.html", {**data, "metric": metric})
+
+
+@researcher_required
+@require_POST
+def sweep_cancel(request: HttpRequest, tag: str) -> HttpResponse:
+    n = sweeps.cancel_sweep(tag)
+    messages.info(request, f"Cancelled {n} run{'s' if n != 1 else ''} of the sweep.")
+    return redirect("runs:sweep", tag=tag)
 
 
 @researcher_required

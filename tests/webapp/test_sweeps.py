@@ -1,0 +1,109 @@
+"""Sweeps launched from the web app (webapp/runs/sweeps.py): all runs validated then queued as a
+tagged group in the real broker, the sweep page's table and chart data, errors, roles, cancel."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from django.urls import reverse
+from django.utils import timezone
+
+from tests.conftest import queued_messages
+from tests.helpers import tiny_run_config
+from webapp.runs import sweeps
+from webapp.runs.models import MetricPoint, Run, RunStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _sweep(**over) -> str:
+    data = {
+        "name": "lr seed",
+        "metric": "train/reward_mean",
+        "parameters": {
+            "algorithm.learning_rate": {"values": [0.001, 0.01]},
+            "train.seed": {"values": [0, 1]},
+        },
+        "config": tiny_run_config(2, "base"),
+        **over,
+    }
+    return yaml.safe_dump(data)
+
+
+def test_sweep_queues_a_tagged_group_and_its_page_shows_values_and_final_metric(
+    researcher_client, scratch_queue
+):
+    resp = researcher_client.post(reverse("runs:sweep_new"), {"sweep_yaml": _sweep()})
+    assert resp.status_code == 302
+    tag = resp.url.rstrip("/").split("/")[-1]
+    assert tag.startswith("sweep:lr-seed-")
+    runs = list(Run.objects.filter(tags__contains=[tag]).order_by("id"))
+    assert [r.status for r in runs] == [RunStatus.QUEUED] * 4
+    assert [(r.config["algorithm"]["learning_rate"], r.config["train"]["seed"]) for r in runs] == [
+        (0.001, 0),
+        (0.001, 1),
+        (0.01, 0),
+        (0.01, 1),
+    ]
+    assert all(r.config["train"]["output_dir"] is None for r in runs)  # the worker picks each directory
+    assert sorted(m["headers"]["argsrepr"] for m in queued_messages(scratch_queue)) == sorted(
+        f"[{r.pk}]" for r in runs
+    )
+    now = timezone.now()
+    MetricPoint.objects.bulk_create(
+        [
+            MetricPoint(run=runs[0], key="train/reward_mean", step=1, value=0.1, time=now),
+            MetricPoint(run=runs[0], key="train/reward_mean", step=2, value=0.25, time=now),
+            MetricPoint(run=runs[1], key="train/reward_mean", step=1, value=0.5, time=now),
+        ]
+    )
+    page = researcher_client.get(resp.url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "<code>algorithm.learning_rate</code>" in html and "<code>train.seed</code>" in html
+    chart = json.loads(html.split('id="sweep-data" type="application/json">')[1].split("</script>")[0])
+    assert chart["paths"] == ["algorithm.learning_rate", "train.seed"]
+    assert [(r["values"], r["metric"]) for r in chart["runs"]] == [
+        ([0.001, 0], 0.25),  # the last step's value
+        ([0.001, 1], 0.5),
+        ([0.01, 0], None),
+        ([0.01, 1], None),
+    ]
+
+    assert researcher_client.post(reverse("runs:sweep_cancel", args=[tag])).status_code == 302
+    assert set(Run.objects.filter(tags__contains=[tag]).values_list("status", flat=True)) == {
+        RunStatus.CANCELLED
+    }
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"base": "other.yaml", "config": None}, "give the base config inline"),
+        ({"parameters": {"algorithm.nope": {"values": [1]}}}, "algorithm.nope: unknown key"),
+        ({"parameters": {"train.seed": {"values": list(range(65))}}}, "65 runs; at most 64"),
+        ({"parameters": {"train.seed": {"min": 0, "max": 3}}}, "a grid needs a list of values"),
+    ],
+)
+def test_bad_sweeps_are_refused_whole(researcher_client, scratch_queue, over, message):
+    data = yaml.safe_load(_sweep())
+    data.update(over)
+    if data.get("config") is None:
+        data.pop("config")
+    resp = researcher_client.post(reverse("runs:sweep_new"), {"sweep_yaml": yaml.safe_dump(data)})
+    assert resp.status_code == 200
+    assert message in resp.content.decode()
+    assert not Run.objects.exists() and not queued_messages(scratch_queue)
+
+
+def test_sweeps_need_a_researcher(client, annotator_client):
+    assert client.get(reverse("runs:sweep_new")).status_code == 302
+    for resp in (
+        annotator_client.get(reverse("runs:sweep_new")),
+        annotator_client.post(reverse("runs:sweep_new"), {"sweep_yaml": _sweep()}),
+    ):  # annotators are sent to their own pages
+        assert resp.status_code == 302 and "/annotate/" in resp.url
+    assert not Run.objects.exists()
+    assert sweeps.MAX_RUNS == 64

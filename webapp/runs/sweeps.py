@@ -1,0 +1,130 @@
+"""Sweeps in the web app: the CLI's sweep format (engine/sweep.py) launched as a group of runs.
+
+A sweep is the runs that carry its tag ``sweep:<name>-<id>`` (no table of its own: the run table,
+its filters and every run action already work on them). Launching validates every configuration
+before the first run is queued and creates them all in one transaction. The web app accepts the
+base config inline only (``config:``), never ``base:`` (a file on the server), and drops
+``train.output_dir``: each run gets its own directory from the worker, as any launched run.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import yaml
+from django.db import transaction
+
+from engine import yamlio
+from engine.sweep import SweepError, sweep_from_data
+from webapp.runs import lifecycle
+from webapp.runs.models import MetricPoint, Run
+
+TAG_PREFIX = "sweep:"
+#: Runs one sweep may launch from the web app.
+MAX_RUNS = 64
+#: Config paths that differ between a sweep's runs without being hyperparameters.
+_NOT_VARIED = {"name", "train.output_dir"}
+
+EXAMPLE = """name: lr-seed
+method: grid                 # or random, with count: N and optional seed: S
+metric: train/reward_mean    # the final metric shown on the sweep page
+parameters:
+  algorithm.learning_rate: {values: [0.0003, 0.001]}
+  train.seed: {values: [0, 1]}
+  # kl.init_kl_coef: {min: 0.01, max: 0.2, log: true}   # ranges: method random only
+config:                      # the base config (the launch form's YAML view gives one)
+  model: {name_or_path: "builtin:tiny-gpt2"}
+  task: {id: synthetic_increasing_numbers}
+  reward: {id: increasing_numbers}
+  train: {n_iters: 5, prompts_per_iter: 4, eval_every: 0}
+"""
+
+
+def launch_sweep(text: str, user: Any) -> tuple[str, list[Run]]:
+    """Validate the sweep and queue all its runs; returns (tag, runs). Raises SweepError (nothing
+    saved) or the launch errors of ``lifecycle.launch_run`` (the whole sweep is rolled back)."""
+    try:
+        data = yamlio.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SweepError(f"sweep: not valid YAML: {exc}") from None
+    sweep = sweep_from_data(data, "sweep", base_dir=None, max_runs=MAX_RUNS)
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", sweep.name).strip("-")[:40] or "sweep"
+    tag = f"{TAG_PREFIX}{slug}-{uuid.uuid4().hex[:6]}"
+    runs = []
+    with transaction.atomic():
+        for entry in sweep.runs:
+            config = dict(entry["config"])
+            config["train"] = {**config["train"], "output_dir": None}
+            runs.append(lifecycle.launch_run(config, user=user, name=entry["name"], tags=[tag]))
+    return tag, runs
+
+
+def sweep_runs(tag: str) -> list[Run]:
+    return list(Run.objects.filter(tags__contains=[tag]).order_by("id"))
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def varied_paths(runs: list[Run]) -> list[str]:
+    """Config paths whose values differ between the runs (the sweep's hyperparameters)."""
+    flat = [_flatten(r.config or {}) for r in runs]
+    keys = sorted({k for f in flat for k in f} - _NOT_VARIED)
+    return [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
+
+
+def final_metrics(runs: list[Run], key: str) -> dict[int, float | None]:
+    """Each run's value of ``key`` at its last stored step (None when it has none yet)."""
+    rows = (
+        MetricPoint.objects.filter(run_id__in=[r.pk for r in runs], key=key)
+        .order_by("run_id", "-step")
+        .distinct("run_id")
+        .values_list("run_id", "value")
+    )
+    found = dict(rows)
+    return {r.pk: found.get(r.pk) for r in runs}
+
+
+def sweep_table(tag: str, metric: str) -> dict[str, Any]:
+    """Rows for the sweep page and the data of its parallel-coordinates chart."""
+    runs = sweep_runs(tag)
+    paths = varied_paths(runs)
+    values = final_metrics(runs, metric)
+    rows = []
+    for run in runs:
+        flat = _flatten(run.config or {})
+        rows.append(
+            {
+                "run": run,
+                "values": [flat.get(p) for p in paths],
+                "metric": values[run.pk],
+                "status": run.status,
+            }
+        )
+    chart = {
+        "paths": paths,
+        "metric": metric,
+        "runs": [
+            {"id": r["run"].pk, "name": r["run"].name, "values": r["values"], "metric": r["metric"]}
+            for r in rows
+        ],
+    }
+    return {"tag": tag, "runs": runs, "paths": paths, "rows": rows, "chart": chart}
+
+
+def cancel_sweep(tag: str) -> int:
+    """Cancel every run of the sweep that can still be cancelled; returns how many."""
+    n = 0
+    for run in sweep_runs(tag):
+        if lifecycle.can_cancel(run):
+            lifecycle.cancel_run(run)
+            n += 1
+    return n
