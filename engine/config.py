@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from engine import yamlio
+from engine.trackers import TRACKER_IDS
 
 
 class ConfigError(ValueError):
@@ -497,6 +498,52 @@ class SupervisedConfig(Strict):
         return None if value == {} else value
 
 
+class TensorBoardOptions(Strict):
+    log_dir: str | None = Field(None, description="Event-file directory (default <run dir>/tensorboard).")
+
+
+class MLflowOptions(Strict):
+    tracking_uri: str | None = Field(
+        None,
+        description="Tracking server URL or file-store path (default MLFLOW_TRACKING_URI, else "
+        "<runs dir>/mlruns).",
+    )
+    experiment: str | None = Field(
+        None, description="Experiment name (default MLFLOW_EXPERIMENT_NAME, else 'grue-studio')."
+    )
+
+
+class WandbOptions(Strict):
+    project: str | None = Field(None, description="W&B project (default WANDB_PROJECT, else 'grue-studio').")
+    entity: str | None = Field(None, description="W&B entity, a user or team (default WANDB_ENTITY).")
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        None, description="online, offline (local files for `wandb sync`) or disabled (default WANDB_MODE)."
+    )
+    dir: str | None = Field(
+        None, description="Where W&B writes its files (default WANDB_DIR, else the run dir)."
+    )
+
+
+class TrackersConfig(Strict):
+    """Options of the trackers selected in ``train.report_to``; unset fields use the trackers' env vars."""
+
+    tensorboard: TensorBoardOptions = Field(default_factory=TensorBoardOptions, description="TensorBoard.")
+    mlflow: MLflowOptions = Field(default_factory=MLflowOptions, description="MLflow.")
+    wandb: WandbOptions = Field(default_factory=WandbOptions, description="Weights & Biases.")
+    flush_timeout_s: float = Field(
+        60.0, gt=0, description="Seconds the end of a run waits for a tracker to deliver what it holds."
+    )
+
+
+# A list of tracker ids, advertised in the JSON Schema as a set of choices (checkboxes in the form).
+ReportTo = Annotated[
+    list[str],
+    WithJsonSchema(
+        {"type": "array", "items": {"type": "string", "enum": list(TRACKER_IDS)}, "uniqueItems": True}
+    ),
+]
+
+
 class TrainConfig(Strict):
     n_iters: int = Field(10, ge=0, description="RL iterations (rollout + update).")
     prompts_per_iter: int = Field(16, ge=1, description="Episodes collected per iteration.")
@@ -507,6 +554,25 @@ class TrainConfig(Strict):
     output_dir: str | None = Field(None, description="Run directory; default runs/<name>-<timestamp>.")
     keep_checkpoints: int = Field(2, ge=1, description="How many checkpoints to keep.")
     save_final_model: bool = Field(True, description="Write the final model in HF format to <run dir>/model.")
+    report_to: ReportTo = Field(
+        default_factory=list,
+        description="Also export the run to these trackers: " + ", ".join(TRACKER_IDS) + " "
+        "(optional packages: pip install 'grue-studio[trackers]').",
+    )
+    trackers: TrackersConfig = Field(default_factory=TrackersConfig, description="Tracker options.")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _known_trackers(cls, value: Any) -> Any:
+        # "tensorboard,mlflow" (a --set or env value) as well as a list; unknown ids list the known ones.
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            return value
+        for item in value:
+            if item not in TRACKER_IDS:
+                raise ValueError(f"unknown tracker id {item!r}; known tracker ids: {', '.join(TRACKER_IDS)}")
+        return list(dict.fromkeys(value))
 
 
 class ResourcesConfig(Strict):

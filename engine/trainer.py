@@ -60,6 +60,8 @@ from engine.registry import algorithms
 from engine.rewards import build_reward
 from engine.rollout import SamplingSpec, collect
 from engine.sinks import RunDirSink
+from engine.trackers import build_trackers
+from engine.trackers import check_available as check_trackers
 
 STATE_FILE = "state.pt"
 
@@ -826,6 +828,7 @@ def train(
 ) -> dict[str, Any]:
     """Run a config end to end; with ``resume_from`` continue the run directory's latest checkpoint."""
     cfg = parse_config(config)
+    check_trackers(cfg.train.report_to)  # a missing tracker package fails before anything is written
     if resume_from:
         run_dir = Path(resume_from)
         if not run_dir.is_dir():
@@ -849,6 +852,12 @@ def train(
     main = distributed.is_main()
     run_sink = RunDirSink(run_dir) if main else None
     events = MultiSink(run_sink, sink) if main else NullSink()
+    if main and cfg.train.report_to:
+        # Trackers first: at the end they flush (bounded) and their warnings still reach the run's log.
+        exports = build_trackers(
+            cfg.train.report_to, cfg.train.trackers.model_dump(), cfg.to_dict(), run_dir, warn=events.log
+        )
+        events = MultiSink(*exports, events)
     try:
         trainer = Trainer(cfg, events, run_dir, run_sink, should_stop=should_stop, resume_from=resume_from)
         return trainer.run()
