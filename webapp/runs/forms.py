@@ -51,7 +51,7 @@ class FieldSpec:
     """One leaf of the config schema, as the form sees it."""
 
     path: str
-    kind: str  # "str" | "int" | "float" | "bool" | "enum" | "yaml"
+    kind: str  # "str" | "int" | "float" | "bool" | "enum" | "multi" | "yaml"
     title: str
     help: str = ""
     nullable: bool = False
@@ -132,6 +132,10 @@ def _schema_fields(schema: dict[str, Any]) -> list[FieldSpec]:
                 spec.kind = "int"
             elif typ == "number":
                 spec.kind = "float"
+            elif typ == "array" and "enum" in (prop.get("items") or {}):
+                # A set of choices (train.report_to): checkboxes.
+                spec.kind = "multi"
+                spec.choices = [str(c) for c in prop["items"]["enum"]]
             elif typ == "object":
                 spec.kind, spec.container = "yaml", "dict"
             elif typ == "array":
@@ -268,6 +272,13 @@ class RunConfigForm(forms.Form):
             return forms.ChoiceField(choices=choices, required=not spec.nullable, **common)
         if spec.kind == "bool":
             return forms.BooleanField(required=False, **common)
+        if spec.kind == "multi":
+            return forms.MultipleChoiceField(
+                choices=[(c, c) for c in spec.choices],
+                required=False,
+                widget=forms.CheckboxSelectMultiple,
+                **common,
+            )
         attrs: dict[str, Any] = {}
         low = spec.minimum if spec.minimum is not None else spec.exclusive_minimum
         high = spec.maximum if spec.maximum is not None else spec.exclusive_maximum
@@ -471,6 +482,8 @@ def form_data_from_config(config: dict[str, Any]) -> dict[str, str]:
         if spec.kind == "bool":
             if value:
                 data[spec.name] = "on"
+        elif spec.kind == "multi":
+            data[spec.name] = [str(v) for v in value] if isinstance(value, list) else value
         elif spec.kind == "yaml":
             data[spec.name] = _yaml_text(value)
         elif value is None:

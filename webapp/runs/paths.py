@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from django.conf import settings
 
@@ -169,6 +171,43 @@ def config_read_violations(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
             walk({k: v for k, v in model.items() if k != "gguf_file"}, "model")
         else:
             walk(cfg.get(section), section)
+    return found
+
+
+def tracker_violations(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(dotted.field, message)`` for tracker options (``train.trackers``) a web-launched run may not
+    use: directories the worker would write stay inside the write roots, and an MLflow tracking URI
+    is a file store inside them. A tracking server is the worker's ``MLFLOW_TRACKING_URI``, set by
+    whoever runs the worker, so a form never points the worker at a host of its choosing."""
+    trackers = (cfg.get("train") or {}).get("trackers") or {}
+    found: list[tuple[str, str]] = []
+
+    def check(where: str, value: str) -> None:
+        try:
+            check_path(value, write_roots())
+        except PathNotAllowed as exc:
+            found.append((where, str(exc)))
+
+    for tracker, key in (("tensorboard", "log_dir"), ("wandb", "dir")):
+        value = (trackers.get(tracker) or {}).get(key)
+        if isinstance(value, str) and value:
+            check(f"train.trackers.{tracker}.{key}", value)
+    uri = (trackers.get("mlflow") or {}).get("tracking_uri")
+    if isinstance(uri, str) and uri:
+        parsed = urlparse(uri)
+        if parsed.scheme == "file":
+            check("train.trackers.mlflow.tracking_uri", url2pathname(parsed.path))
+        elif parsed.scheme == "":
+            check("train.trackers.mlflow.tracking_uri", uri)
+        else:
+            found.append(
+                (
+                    "train.trackers.mlflow.tracking_uri",
+                    f"{parsed.scheme}: tracking URIs are set by the worker's MLFLOW_TRACKING_URI, not by a "
+                    "launched config; leave this empty or give a file-store directory inside the allowed "
+                    "directories",
+                )
+            )
     return found
 
 

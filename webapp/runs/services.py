@@ -65,10 +65,11 @@ def validate_config(
 
 
 def check_config_paths(cfg: Mapping[str, Any], *, run_id: int | None = None, resuming: bool = False) -> None:
-    """Every local path the run would read stays inside the read roots; the output directory is
+    """Every local path the run would read stays inside the read roots (tracker options inside the
+    write roots, ``paths.tracker_violations``); the output directory is
     allowed (``paths.check_output_dir``), owned by no other run and, unless the run resumes in it, holds
     no run yet. Raises ConfigInvalid listing every violation with its field."""
-    errors = paths.config_read_violations(cfg)
+    errors = paths.config_read_violations(cfg) + paths.tracker_violations(cfg)
     out_dir = (cfg.get("train") or {}).get("output_dir")
     if out_dir:
         try:
