@@ -35,6 +35,7 @@ from engine.remote import RemoteSink, push_outbox, start_remote_run
 from engine.sinks import ConsoleSink
 from engine.sweep import SweepError, load_sweep, run_sweep
 from engine.sweep import table as sweep_table
+from engine.trackers import trackers as tracker_registry
 
 
 class CLIError(Exception):
@@ -254,6 +255,7 @@ def cmd_components(args: argparse.Namespace) -> int:
         registry.metrics,
         registry.algorithms,
         registry.kl_controllers,
+        tracker_registry,
     ):
         print(f"{reg.kind}s:")
         for key, desc in reg.describe().items():

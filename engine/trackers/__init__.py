@@ -46,7 +46,7 @@ TRACKERS: dict[str, TrackerInfo] = {
         "MLflowTracker",
         "mlflow",
         "mlflow-skinny",
-        "MLflow run: params, metric history, samples as a table artifact, final status",
+        "MLflow run: params, metric history, sample tables as artifacts, final status",
     ),
     "wandb": TrackerInfo(
         "engine.trackers.wandb",

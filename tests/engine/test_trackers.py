@@ -23,6 +23,7 @@ from wandb.proto import wandb_internal_pb2
 
 import engine
 import engine.trackers
+from engine.cli import main as cli_main
 from engine.config import ConfigError, parse_config
 from engine.trackers import TrackerUnavailable, check_available
 from engine.trackers.base import flatten
@@ -237,3 +238,10 @@ def test_samples_markdown_keeps_one_row_per_sample():
         "| a\\|b | x<br>y | 0.5 |  |",
         "| c |  |  | [1] |",
     ]
+
+
+def test_the_cli_lists_the_trackers(capsys):
+    assert cli_main(["components"]) == 0
+    out = capsys.readouterr().out
+    listed = out[out.index("trackers:") :].splitlines()[1:4]
+    assert [line.split()[0] for line in listed] == sorted(ALL)
