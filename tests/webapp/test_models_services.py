@@ -184,6 +184,37 @@ def test_mark_lost_runs_by_heartbeat_age_and_by_restarted_host(researcher):
     assert Run.objects.get(pk=other_host.pk).status == RunStatus.RUNNING
 
 
+def test_a_run_whose_worker_still_beats_in_redis_is_not_lost_during_a_database_outage(researcher, wait_for):
+    """bench/outage.py --spare-worker found it: with only ``heartbeat_at`` a run cut off from the
+    database for longer than GRUE_LOST_AFTER was marked lost and re-queued while its worker trained on,
+    and a free worker trained it a second time. The worker's Heartbeat thread also beats in Redis; the
+    watchdog leaves alone a run whose Redis beat is fresh, and marks it lost once that beat is old too."""
+    from datetime import timedelta
+
+    from django.core.cache import cache
+    from django.utils import timezone
+
+    from webapp.runs.tasks import Heartbeat
+
+    run = services.create_run(TINY, user=researcher)
+    stale = timezone.now() - timedelta(minutes=5)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, heartbeat_at=stale, worker_host="w1")
+    cache.delete(f"run-alive:{run.pk}")
+    beat = Heartbeat(run.pk, interval=0.2)
+    beat.start()
+    try:
+        wait_for(lambda: cache.get(f"run-alive:{run.pk}") is not None, timeout=30, what="the Redis heartbeat")
+        Run.objects.filter(pk=run.pk).update(heartbeat_at=stale)  # the database beat "fails"
+        assert lifecycle.mark_lost_runs(older_than=60) == []
+        assert Run.objects.get(pk=run.pk).status == RunStatus.RUNNING
+    finally:
+        beat.stop()
+    # The worker is gone: its last Redis beat ages past the watchdog's limit, like heartbeat_at.
+    cache.set(f"run-alive:{run.pk}", (timezone.now() - timedelta(seconds=61)).timestamp(), timeout=60)
+    assert lifecycle.mark_lost_runs(older_than=60) == [run.pk]
+    assert Run.objects.get(pk=run.pk).status == RunStatus.LOST
+
+
 @pytest.mark.django_db
 def test_check_path_stays_inside_allowed_roots(tmp_path, settings):
     settings.ALLOWED_ROOTS = [tmp_path]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast
@@ -346,6 +348,34 @@ def _end(run_id: int, fields: dict[str, Any]) -> Run:
     return run
 
 
+def _alive_key(run_id: int) -> str:
+    return f"run-alive:{run_id}"
+
+
+def note_alive(run_id: int) -> None:
+    """The worker's second heartbeat, in Redis (the cache), beside ``heartbeat_at`` in PostgreSQL.
+
+    Why two: during a database outage the worker keeps training (the recorder buffers and retries for
+    minutes) but cannot write ``heartbeat_at``, while the watchdog may still reach the database; on
+    ``heartbeat_at`` alone it would mark the run lost and queue it again, and a free worker would train
+    the same run twice into the same directory (measured by bench/outage.py --spare-worker). The key
+    holds the time of the beat and the watchdog judges its age with its own ``GRUE_LOST_AFTER``, so a
+    dead worker is noticed as soon as before."""
+    cache.set(_alive_key(run_id), time.time(), timeout=max(60, int(settings.GRUE_LOST_AFTER)))
+
+
+def seems_alive(run_id: int, within: float) -> bool:
+    """Whether the run's worker sent its Redis heartbeat in the last ``within`` seconds (False when
+    Redis cannot be asked: then ``heartbeat_at`` alone decides, as before). The age is judged here,
+    with the watchdog's own limit; the key's expiry only clears keys of runs that ended."""
+    try:
+        beat = cache.get(_alive_key(run_id))
+    except Exception:  # noqa: BLE001 - Redis down or hung: fall back to the database heartbeat
+        log.warning("could not read the Redis heartbeat of run %s", run_id, exc_info=True)
+        return False
+    return isinstance(beat, int | float) and time.time() - beat < within
+
+
 def mark_lost_runs(
     older_than: float | None = None, *, worker_host: str | None = None, run_ids: Iterable[int] | None = None
 ) -> list[int]:
@@ -358,13 +388,16 @@ def mark_lost_runs(
         qs = qs.filter(pk__in=list(run_ids))
     if worker_host is not None:
         qs = qs.filter(worker_host=worker_host)
-    else:
-        limit = timezone.now() - timedelta(
-            seconds=older_than if older_than is not None else settings.GRUE_LOST_AFTER
-        )
+    age = older_than if older_than is not None else settings.GRUE_LOST_AFTER
+    if worker_host is None:
+        limit = timezone.now() - timedelta(seconds=age)
         qs = qs.filter(Q(heartbeat_at__lt=limit) | Q(heartbeat_at__isnull=True, started_at__lt=limit))
     ids = []
     for run_id in qs.values_list("pk", flat=True):
+        if worker_host is None and seems_alive(run_id, within=age):
+            # Its worker is alive and reaches Redis; only its database writes stop (an outage).
+            log.warning("run %s: no database heartbeat for a while, but its worker is alive", run_id)
+            continue
         if mark_lost(run_id):
             ids.append(run_id)
     return ids

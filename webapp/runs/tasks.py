@@ -109,6 +109,10 @@ class Heartbeat(threading.Thread):
                 except Exception:  # noqa: BLE001 - a DB blip must not kill the run
                     log.warning("heartbeat of run %s failed", self.run_id, exc_info=True)
                     close_old_connections()
+                try:  # the second heartbeat: keeps the watchdog off a run during a database outage
+                    lifecycle.note_alive(self.run_id)
+                except Exception:  # noqa: BLE001 - Redis down: the database heartbeat still counts
+                    log.warning("Redis heartbeat of run %s failed", self.run_id, exc_info=True)
                 self._done.wait(self.interval)
         finally:
             connection.close()
