@@ -24,7 +24,9 @@ from wandb.proto import wandb_internal_pb2
 import engine
 import engine.trackers
 from engine.cli import main as cli_main
+from engine.client import Client
 from engine.config import ConfigError, parse_config
+from engine.remote import start_remote_run
 from engine.trackers import TrackerUnavailable, check_available
 from engine.trackers.base import flatten
 from engine.trackers.tensorboard import samples_markdown
@@ -85,13 +87,16 @@ def test_a_run_exports_every_metric_to_tensorboard_mlflow_and_wandb(small_config
     monkeypatch.setenv("WANDB_PROJECT", "grue-tests")
     cfg = small_config(
         supervised={"enabled": True, "max_steps": 2, "batch_size": 8},
-        train={"n_iters": 2, "eval_every": 0, "report_to": ALL},
+        # SFT steps 1, 2 then RL iteration 1: W&B's own _step only grows, so the RL point must not be
+        # logged at "step 1 after step 2" (it goes against its own step column); one iteration and no
+        # saved model keep the run short.
+        train={"n_iters": 1, "eval_every": 0, "save_final_model": False, "report_to": ALL},
     )
     summary = engine.train(cfg)
     run_dir = Path(summary["run_dir"])
     want = expected_series(run_dir)
     assert {"sft/loss", "train/reward_mean", "eval/reward_mean"} <= set(want), sorted(want)
-    assert [s for s, _ in want["sft/loss"]] == [1, 2] and [s for s, _ in want["train/reward_mean"]] == [1, 2]
+    assert [s for s, _ in want["sft/loss"]] == [1, 2] and [s for s, _ in want["train/reward_mean"]] == [1]
     log = (run_dir / "events.jsonl").read_text()
     assert "export failed" not in log and "still busy" not in log
 
@@ -117,13 +122,13 @@ def test_a_run_exports_every_metric_to_tensorboard_mlflow_and_wandb(small_config
         got = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
         assert got == points, key
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "samples/train")}
-    assert artifacts == {"samples/train/step-000001.json", "samples/train/step-000002.json"}, artifacts
+    assert artifacts == {"samples/train/step-000001.json"}, artifacts
     assert [a.path for a in client.list_artifacts(run.info.run_id, "samples/validation")] == [
-        "samples/validation/step-000002.json"
+        "samples/validation/step-000001.json"
     ]
-    table = load_dict(f"{run.info.artifact_uri}/samples/train/step-000002.json")
+    table = load_dict(f"{run.info.artifact_uri}/samples/train/step-000001.json")
     assert table["columns"][0] == "step" and {"prompt", "generation"} <= set(table["columns"])
-    assert {row[0] for row in table["data"]} == {2} and len(table["data"]) == 2
+    assert {row[0] for row in table["data"]} == {1} and len(table["data"]) == 2
 
     # W&B offline: the run file in <run dir>/wandb holds the config, every metric against its step
     # column, the sample tables, the summary status and exit code 0.
@@ -172,12 +177,17 @@ def test_a_tracker_whose_server_is_down_does_not_stop_training(small_config, tmp
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     uri = f"http://127.0.0.1:{_closed_port()}"
     cfg = small_config(
-        train={"report_to": ["mlflow", "tensorboard"], "trackers": {"mlflow": {"tracking_uri": uri}}}
+        train={
+            "n_iters": 1,
+            "save_final_model": False,
+            "report_to": ["mlflow", "tensorboard"],
+            "trackers": {"mlflow": {"tracking_uri": uri}},
+        }
     )
     summary = engine.train(cfg)
     run_dir = Path(summary["run_dir"])
-    assert summary["stopped"] is False and summary["iterations"] == 2
-    assert [s for s, _ in expected_series(run_dir)["train/reward_mean"]] == [1, 2]
+    assert summary["stopped"] is False and summary["iterations"] == 1
+    assert [s for s, _ in expected_series(run_dir)["train/reward_mean"]] == [1]
     logs = [
         json.loads(line)["message"]
         for line in (run_dir / "events.jsonl").read_text().splitlines()
@@ -189,7 +199,7 @@ def test_a_tracker_whose_server_is_down_does_not_stop_training(small_config, tmp
     # The other tracker is unaffected.
     acc = EventAccumulator(str(run_dir / "tensorboard"))
     acc.Reload()
-    assert [e.step for e in acc.Scalars("train/reward_mean")] == [1, 2]
+    assert [e.step for e in acc.Scalars("train/reward_mean")] == [1]
 
 
 def test_report_to_is_validated_with_the_known_ids():
@@ -245,3 +255,24 @@ def test_the_cli_lists_the_trackers(capsys):
     out = capsys.readouterr().out
     listed = out[out.index("trackers:") :].splitlines()[1:4]
     assert [line.split()[0] for line in listed] == sorted(ALL)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_remote_run_keeps_its_tracker_options_on_its_own_machine(asgi_server, researcher, small_config):
+    from webapp.api.auth import create_token
+    from webapp.runs.models import Run
+
+    client = Client(asgi_server.url, create_token(researcher, "trackers")[1])
+    cfg = small_config(
+        train={
+            "report_to": ["tensorboard", "mlflow"],
+            "trackers": {
+                "tensorboard": {"log_dir": "/home/someone/tb"},  # the training machine's paths and server
+                "mlflow": {"tracking_uri": "http://mlflow.cluster.internal:5000"},
+            },
+        }
+    )
+    run = start_remote_run(client, parse_config(cfg).to_dict())
+    stored = Run.objects.get(pk=run["id"]).config
+    assert stored["train"]["report_to"] == ["tensorboard", "mlflow"]
+    assert stored["train"]["trackers"] == parse_config({}).train.trackers.model_dump()
