@@ -234,7 +234,10 @@ def generate(
             masks.append(alive.clone())
             logps.append(logp.gather(1, tok[:, None]).squeeze(1).masked_fill(~alive, 0.0))
             if keep_support:
-                supports.append(torch.isfinite(x))
+                # A finished row's pad token was never sampled: its action space is the whole
+                # vocabulary, so the pad's restricted log-prob is finite (not -inf, which times the
+                # 0 of gen_mask is NaN in every later ratio, loss and TRPO gradient).
+                supports.append(torch.isfinite(x) | ~alive[:, None])
             if spec.eos_id is not None:
                 alive = alive & (tok != spec.eos_id)
             if not bool(alive.any()) or step == spec.max_new_tokens - 1:

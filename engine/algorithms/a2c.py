@@ -90,7 +90,8 @@ class A2C(Algorithm):
                 logits, values = policy.forward_tokens(inputs, want_values=True)
             # Log-probs of the distribution sampled from; the entropy is the full tempered distribution's.
             logp_all = processed_logprobs(logits, temperature, support)
-            logp = gather_logprobs(logp_all, inputs["gen_ids"])
+            # Padding columns out before the product: a pad outside the support is -inf, and -inf * 0 = NaN.
+            logp = torch.where(inputs["gen_mask"] > 0, gather_logprobs(logp_all, inputs["gen_ids"]), 0.0)
             full = logp_all if support is None else processed_logprobs(logits, temperature, None)
             del logits, logp_all
             with torch.set_grad_enabled(cfg.ent_coef > 0):  # otherwise only a statistic

@@ -196,7 +196,11 @@ class TRPO(Algorithm):
                     full = processed_logprobs(logits, temperature, None)
                     stats["policy/entropy"] = float(masked_mean(entropy_from_logprobs(full), mask))
             logp_all = processed_logprobs(logits, temperature, support)
-            ratio = torch.exp(gather_logprobs(logp_all, inputs["gen_ids"]) - old_lp)
+            # Padding columns are left out before the exp, not after: a pad outside the stored support
+            # has log-prob -inf, and exp(-inf - x) * 0 or -inf * 0 would make g NaN (no step at all).
+            valid = mask > 0
+            new_lp = torch.where(valid, gather_logprobs(logp_all, inputs["gen_ids"]), 0.0)
+            ratio = torch.exp(new_lp - torch.where(valid, old_lp, 0.0))
             return logp_all, masked_mean(adv * ratio, mask)
 
         logp_all, objective = policy_terms()

@@ -23,7 +23,7 @@ from engine.presets import EXTRA_ALGORITHMS, list_presets, load_preset
 from engine.registry import algorithms
 from engine.rewards.synthetic import digit_fraction
 from engine.rl4lms import convert_rl4lms
-from engine.rollout import SamplingSpec, collect, gather_logprobs
+from engine.rollout import SamplingSpec, collect, gather_logprobs, generate, tokenize_prompts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rl4lms_a2c_trpo"
 
@@ -195,6 +195,48 @@ def test_trpo_step_stays_in_the_trust_region_and_the_critic_leaves_the_policy(ma
     assert not torch.equal(old.value_head.linear.weight, policy.value_head.linear.weight)
     if value_head == "separate":
         assert any(not torch.equal(a, b) for a, b in zip(old.critic.parameters(), policy.critic.parameters()))
+
+
+def test_a_finished_episode_has_the_whole_vocabulary_as_action_space(make_policy):
+    """After EOS a row only emits padding, which was never sampled: its stored support must not cut the
+    pad, or the pad's restricted log-prob is -inf and -inf times the 0 of gen_mask is NaN downstream."""
+    policy, tok = make_policy("causal")
+    vocab = policy.lm.config.vocab_size
+    ids, mask = tokenize_prompts(tok, ["The film", "A"], 16, "cpu", "left")
+    spec = SamplingSpec(max_new_tokens=3, eos_id=tok.eos_token_id, top_k=vocab - 1)  # cuts one token a step
+    noise = torch.tensor([[1 - 1e-7, 0.5, 0.5], [0.5, 0.5, 0.5]])  # row 0 draws the last id (EOS) first
+    with torch.no_grad():
+        out = generate(policy.lm, False, ids, mask, spec, tok.eos_token_id, noise=noise)
+    assert out.gen_ids[0, 0] == tok.eos_token_id and out.gen_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
+    sizes = out.support.sum(-1)
+    assert sizes[0, 0] == vocab - 1 and (sizes[1] == vocab - 1).all()  # sampled steps: top-k cut one
+    assert (sizes[0, 1:] == vocab).all()  # padding steps: nothing cut
+
+
+@pytest.mark.parametrize("algo", ["trpo", "a2c"])
+def test_padding_outside_the_support_does_not_turn_the_update_into_nan(make_policy, algo):
+    """Before the fix above, a batch where one episode ended early under top-k carried pads outside the
+    stored support (log-prob -inf, stored as -inf * 0 = NaN). TRPO's surrogate gradient was then NaN, so
+    it silently took no step at all (measured: 6 of 8 iterations of a learning run), and A2C's logged
+    loss was NaN. Both now leave padding out before the exp / product."""
+    policy, batch, adv, ret = _rollout(make_policy, top_k=50)
+    eos = int(policy.lm.config.eos_token_id)
+    assert batch.gen_mask.sum(1).max() > 1
+    batch.gen_mask[0, 1:] = 0.0  # episode 0 ends after its first token ...
+    batch.gen_ids[0, 1:] = eos  # ... then pads, which the old support left out
+    batch.support[0, 1:, eos] = False
+    batch.logprobs[0, 1:] = float("nan")
+    adv[0, 1:] = 0.0
+    ret[0, 1:] = 0.0
+    over = {"trpo": {"cg_max_steps": 5, "n_critic_updates": 1}} if algo == "trpo" else {}
+    cfg = parse_config({"algorithm": {"id": algo, **over}}).algorithm
+    stats = algorithms.build(algo, cfg=cfg).update(
+        policy, torch.optim.AdamW(policy.parameters(), lr=1e-3), batch, advantages=adv, returns=ret
+    )
+    assert all(math.isfinite(v) for v in stats.values()), stats
+    if algo == "trpo":
+        assert stats["policy/line_search_success"] == 1.0 and stats["policy/kl"] > 0.0
+    assert all(torch.isfinite(p).all() for p in policy.parameters())
 
 
 def test_trpo_refuses_gradient_checkpointing(make_policy):
