@@ -214,4 +214,19 @@ def autocast_dtype(mixed_precision: str, device) -> Any:
     # auto
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16
+    return torch.bfloat16 if cpu_has_fast_bf16() else None
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU runs bf16 matmuls natively (oneDNN with AVX-512 BF16 / AMX).
+
+    Without it PyTorch falls back to a scalar, single-threaded bf16 GEMM: measured on an AVX2-only
+    AMD EPYC VM, a (1792 x 576) @ (576 x 1536) product took 2.99 CPU-s in bf16 against 0.068 s in fp32
+    (44x), which made ``mixed_precision: auto`` the slowest choice there. ``auto`` then stays in fp32.
+    """
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # an op missing from this build: do not guess
+        return False
