@@ -41,10 +41,15 @@ from engine.events import MultiSink, NullSink  # noqa: E402
 
 
 class PeakMemory:
-    """Peak resident memory (CPU, sampled every 5 ms) or peak CUDA allocation during a block."""
+    """Peak resident memory (CPU, sampled every ``interval_s``) or peak CUDA allocation during a block.
 
-    def __init__(self, device: torch.device):
+    The sampler thread's own CPU time counts in ``time.process_time``: at 5 ms on a loaded machine it
+    was ~10 % of a GRPO step's CPU seconds, so the GRPO benchmark samples every 50 ms.
+    """
+
+    def __init__(self, device: torch.device, interval_s: float = 0.005):
         self.device = device
+        self.interval_s = interval_s
         self.peak_mb = 0.0
 
     @staticmethod
@@ -66,7 +71,7 @@ class PeakMemory:
         def sample() -> None:
             while not self._stop:
                 self.peak_mb = max(self.peak_mb, self._rss_mb())
-                time.sleep(0.005)
+                time.sleep(self.interval_s)
 
         self._thread = threading.Thread(target=sample, daemon=True)
         self._thread.start()
@@ -154,7 +159,7 @@ class CpuClock:
         return timed
 
 
-def engine_setup(cfg_dict: dict) -> Any:
+def engine_setup(cfg_dict: dict, mem_interval_s: float = 0.005) -> Any:
     """A callable running Trainer.rl_iteration (the exact code path of engine.train)."""
     import engine.rollout as rollout
     from engine.kl import build_kl_controller
@@ -183,7 +188,7 @@ def engine_setup(cfg_dict: dict) -> Any:
         t.algo.cfg.n_epochs = epochs or full
         clock.seconds.clear()
         cpu0 = time.process_time()
-        with PeakMemory(t.device) as mem:
+        with PeakMemory(t.device, mem_interval_s) as mem:
             m = t.rl_iteration()
         cpu = time.process_time() - cpu0
         t.algo.cfg.n_epochs = full
@@ -232,9 +237,9 @@ def grpo_main(args: argparse.Namespace) -> dict[str, Any]:
     two alternate, so that load drift on a shared machine hits both alike.
     """
     betas = [float(b) for b in args.betas.split(",")]
-    runs = {beta: engine_setup(grpo_config(smollm2_path(), beta, args.device)) for beta in betas}
-    for run in runs.values():
-        run()  # warm-up: every shape seen once (oneDNN primitives, allocator)
+    runs = {beta: engine_setup(grpo_config(smollm2_path(), beta, args.device), 0.05) for beta in betas}
+    for beta, run in runs.items():  # warm-up: every shape seen once (oneDNN primitives, allocator)
+        print("grpo beta", beta, "warm-up", run(), flush=True)
     times: dict[float, list[dict[str, Any]]] = {beta: [] for beta in betas}
     for _ in range(args.repeats or 3):
         for beta, run in runs.items():
