@@ -515,11 +515,16 @@ class Trainer:
         group_size = getattr(self.algo, "group_size", 1)  # GRPO/RLOO: G consecutive copies of each prompt
         if group_size > 1:
             samples = [s for s in samples for _ in range(group_size)]
-        # This rank's share (whole groups), and one noise seed per sample of the *global* batch.
+        # This rank's share (whole groups), and one noise seed per sample of the *global* batch, so a
+        # config written for N processes samples the same episodes on 1 or N of them. One-process
+        # configs keep the batch generator: with per-sample noise the PPO learning run of
+        # tests/engine/test_learning.py (seed 0) did not take off within its 10 iterations, where the
+        # generator's stream did (docs/engine.md, "Distributed runs").
         lo, hi = distributed.share(len(samples) // group_size, "train.prompts_per_iter")
         lo, hi = lo * group_size, hi * group_size
         samples = samples[lo:hi]
-        seeds = [_mix(cfg.train.seed, it, 1, i) for i in range(lo, hi)]
+        per_sample = distributed.is_active() or cfg.resources.processes > 1
+        seeds = [_mix(cfg.train.seed, it, 1, i) for i in range(lo, hi)] if per_sample else None
         batch = collect(
             self.policy,
             self.ref_lm,
