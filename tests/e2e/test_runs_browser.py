@@ -265,7 +265,7 @@ def test_compare_groups_charts_keeps_constant_series_flat_and_ticks_readable(
     assert any(t.endswith(("μ", "µ")) for t in y_ticks), y_ticks  # Greek mu or micro sign
     # The page loaded the partial bundle: exactly the trace types the app draws.
     traces = page.evaluate("() => Object.keys(Plotly.PlotSchema.get().traces).sort()")
-    assert traces == ["bar", "heatmap", "parcoords", "scatter", "scattergl"]
+    assert traces == ["bar", "heatmap", "scatter"]
     _shot(page, "compare")
 
 

@@ -96,11 +96,9 @@
     traces() {
       const out = [];
       const smooth = this.alpha > 0;
-      // SVG for the usual few thousand points: cheaper to draw than WebGL and no per-chart WebGL context
-      // (browsers cap those at ~16 per page); WebGL only for a long full-resolution range.
-      let total = 0;
-      this.series.forEach((s) => { total += (this.zoomRange && s.zoom ? s.zoom : s.points).size; });
-      const kind = total > 20000 ? "scattergl" : "scatter";
+      // SVG always: WebGL traces (scattergl) compile their draw calls with `new Function`, which the
+      // app's Content-Security-Policy forbids, and a zoomed range is capped at 5,000 points per series.
+      const kind = "scatter";
       this.series.forEach((s, name) => {
         const src = this.zoomRange && s.zoom ? s.zoom : s.points;
         const { x, y } = sortedXY(src);
