@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 import engine
 from engine import registry
+from engine.assets import MissingAssetError, smollm2_gguf_path
 from engine.client import ApiError, Client
 from engine.config import (
     ConfigError,
@@ -29,6 +30,7 @@ from engine.config import (
 )
 from engine.config_files import read_config_file
 from engine.events import MultiSink
+from engine.models.loading import import_gguf
 from engine.presets import list_presets, load_preset
 from engine.registry import UnknownComponentError
 from engine.remote import RemoteSink, push_outbox, start_remote_run
@@ -225,12 +227,9 @@ def schema_markdown() -> str:
 
 
 def cmd_import_gguf(args: argparse.Namespace) -> int:
-    from engine.models.loading import import_gguf
 
     path = args.path
     if path == "smollm2":
-        from engine.assets import MissingAssetError, smollm2_gguf_path
-
         try:
             path = str(smollm2_gguf_path())
         except MissingAssetError as exc:

@@ -19,6 +19,7 @@ attention mask, so left padding would shift every position of a short prompt).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -492,7 +493,6 @@ def collect(
     ``sample_seeds`` (one per sample): per-sample sampling noise (:func:`sample_noise`) instead of
     ``generator``, so the episodes do not depend on the chunking.
     """
-    import time
 
     score_policy = score_policy or kl_estimator == "full"
     pad_id = tokenizer.pad_token_id

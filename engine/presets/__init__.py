@@ -47,6 +47,8 @@ from typing import Any
 import yaml
 
 from engine import yamlio
+from engine.assets import MissingAssetError
+from engine.assets import smollm2_gguf_path as _path
 from engine.config import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent / "tasks"
@@ -128,9 +130,6 @@ def deep_merge(base: dict[str, Any], *overrides: dict[str, Any] | None) -> dict[
 
 def smollm2_gguf_path() -> str:
     """The SmolLM2-135M-Instruct GGUF of the offline presets."""
-    from engine.assets import MissingAssetError
-    from engine.assets import smollm2_gguf_path as _path
-
     try:
         return str(_path())
     except MissingAssetError as exc:

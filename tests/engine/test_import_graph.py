@@ -157,3 +157,70 @@ def test_modules_the_web_process_imports_do_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+_HEAVY = {"torch", "transformers"}
+
+
+def _top_level_imports(tree: ast.Module) -> list[str]:
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.append(node.module)
+    return names
+
+
+def test_imports_inside_functions_are_only_the_ones_that_load_torch_or_optional_libraries():
+    """Issue #13's rule: an import inside a function hides an arrow, so it needs a reason. The two
+    reasons accepted: the module loads torch (directly or through an engine module that does), which
+    the web process and the CLI's light commands must not pay for; or it is a third-party library
+    that only one feature needs (nltk, sacrebleu, peft, a tracker client…). The engine's other modules
+    and the standard library are imported at module top."""
+    root = ROOT / "engine"
+    files = {_module_name(p, ROOT): p for p in sorted(root.rglob("*.py"))}
+    trees = {m: ast.parse(p.read_text(), filename=str(p)) for m, p in files.items()}
+    torch_bound = {
+        m for m, t in trees.items() if any(n.split(".")[0] in _HEAVY for n in _top_level_imports(t))
+    }
+    changed = True
+    while changed:  # modules that import a torch-bound engine module at load are torch-bound too
+        changed = False
+        for m, t in trees.items():
+            if m not in torch_bound and any(
+                n in torch_bound or n.rpartition(".")[0] in torch_bound for n in _top_level_imports(t)
+            ):
+                torch_bound.add(m)
+                changed = True
+    bad = []
+    for m, tree in trees.items():
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    base = node.module or ""
+                    if node.level:  # relative: resolve like the graph does
+                        package = m if files[m].name == "__init__.py" else m.rpartition(".")[0]
+                        for _ in range(node.level - 1):
+                            package = package.rpartition(".")[0]
+                        base = f"{package}.{base}" if base else package
+                    targets = [base] if base != "engine" else [f"engine.{a.name}" for a in node.names]
+                else:
+                    continue
+                for target in targets:
+                    top = target.split(".")[0]
+                    if top == "engine":
+                        mod = target
+                        while mod and mod not in files:
+                            mod = mod.rpartition(".")[0]
+                        if mod not in torch_bound:
+                            bad.append(
+                                f"{files[m].relative_to(ROOT)}:{node.lineno} {target} (loads no torch)"
+                            )
+                    elif top in sys.stdlib_module_names:
+                        bad.append(f"{files[m].relative_to(ROOT)}:{node.lineno} {target} (standard library)")
+    assert not bad, "imports to move to the module top:\n" + "\n".join(bad)
