@@ -150,14 +150,19 @@ class Client:
     def campaigns(self) -> list[dict[str, Any]]:
         return self.request("GET", "/campaigns")["campaigns"]
 
-    def pairs(self, campaign_id: int, *, include_gold: bool = False) -> list[dict[str, Any]]:
-        """A campaign's decided pairwise judgments as ``{prompt, chosen, rejected, meta}``."""
-        params = {"include_gold": "true"} if include_gold else None
+    def pairs(
+        self, campaign_id: int, *, include_gold: bool = False, source: str = "human"
+    ) -> list[dict[str, Any]]:
+        """A campaign's decided pairwise judgments as ``{prompt, chosen, rejected, meta}``; ``source``
+        is ``human``, ``ai`` (the AI judges' verdicts) or ``both`` (``meta.source`` says which)."""
+        params = {"source": source, **({"include_gold": "true"} if include_gold else {})}
         return self.request("GET", f"/campaigns/{int(campaign_id)}/pairs", params=params)["pairs"]
 
-    def download_pairs(self, campaign_id: int, path: str, *, include_gold: bool = False) -> int:
+    def download_pairs(
+        self, campaign_id: int, path: str, *, include_gold: bool = False, source: str = "human"
+    ) -> int:
         """Write the pairs as JSONL (the format ``engine.reward_model`` trains on); returns the count."""
-        pairs = self.pairs(campaign_id, include_gold=include_gold)
+        pairs = self.pairs(campaign_id, include_gold=include_gold, source=source)
         with open(path, "w", encoding="utf-8") as f:
             for p in pairs:
                 f.write(json.dumps(p, ensure_ascii=False) + "\n")

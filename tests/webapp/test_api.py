@@ -298,6 +298,13 @@ def test_campaigns_and_their_pairs(client, token):
     assert [(c["id"], c["name"], c["kind"]) for c in listed] == [(camp.pk, "api pairs", "pairwise")]
     pairs = client.get(f"/api/v1/campaigns/{camp.pk}/pairs", **_auth(token)).json()["pairs"]
     assert len(pairs) == 3 and pairs == json.loads(json.dumps(exports.preference_pairs(camp)))
+    assert {p["meta"]["source"] for p in pairs} == {"human"}
+    # no AI judge in this campaign: its AI pairs are none, "both" are the human ones
+    assert client.get(f"/api/v1/campaigns/{camp.pk}/pairs?source=ai", **_auth(token)).json()["pairs"] == []
+    both = client.get(f"/api/v1/campaigns/{camp.pk}/pairs?source=both", **_auth(token)).json()
+    assert both["source"] == "both" and len(both["pairs"]) == 3
+    bad = client.get(f"/api/v1/campaigns/{camp.pk}/pairs?source=robots", **_auth(token))
+    assert bad.status_code == 400 and bad.json()["field"] == "source"
     assert client.get("/api/v1/campaigns/424242/pairs", **_auth(token)).status_code == 404
 
 

@@ -201,7 +201,9 @@ def schema() -> dict[str, Any]:
                 "get": {
                     "summary": "decided pairwise judgments as preference pairs",
                     "parameters": [_id_param("campaign_id"),
-                                   _query("include_gold", {"type": "boolean"}, "also gold (control) items")],
+                                   _query("include_gold", {"type": "boolean"}, "also gold (control) items"),
+                                   _query("source", {"type": "string", "enum": ["human", "ai", "both"]},
+                                          "human judgments (default), AI judges' verdicts, or both")],
                     "responses": {"200": _json({"type": "object", "properties": {
                         "pairs": {"type": "array", "items": _ref("Pair")}}}), **_ERRORS},
                 },

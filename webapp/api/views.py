@@ -246,7 +246,11 @@ def campaign_pairs(request: HttpRequest, campaign_id: int) -> JsonResponse:
     if camp is None:
         raise ApiError(404, f"no campaign #{campaign_id}", "campaign_id")
     gold = request.GET.get("include_gold", "false").lower() in ("1", "true", "yes")
-    return JsonResponse({"campaign_id": camp.pk, "pairs": exports.preference_pairs(camp, include_gold=gold)})
+    source = request.GET.get("source", "human")
+    if source not in ("human", "ai", "both"):
+        raise ApiError(400, f"{source[:20]!r} is not one of human, ai, both", "source")
+    pairs = exports.preference_pairs(camp, include_gold=gold, source=source)
+    return JsonResponse({"campaign_id": camp.pk, "source": source, "pairs": pairs})
 
 
 @api_view(methods=("GET",))
