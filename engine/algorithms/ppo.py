@@ -103,7 +103,9 @@ def clipped_policy_loss(
     clip: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (to minimise), with clip fraction and the k3 approximate KL."""
-    log_ratio = (logprobs - old_logprobs) * mask
+    # where, not "* mask": a padded position may hold -inf (a token outside a stored top-k support), and
+    # -inf * 0 is NaN, which would poison the loss and, through it, every parameter (issue #8).
+    log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio)
     loss1 = -advantages * ratio
     loss2 = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)

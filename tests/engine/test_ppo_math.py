@@ -212,3 +212,20 @@ def test_approx_kl_includes_the_minibatch_that_stops_the_update(make_policy):
     assert out["policy/early_stopped"] == 1.0 and out["policy/n_updates"] == 0.0
     assert out["policy/approx_kl"] == pytest.approx(float(direct["policy/approx_kl"]), rel=1e-4)
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))  # nothing applied
+
+
+def test_clipped_policy_loss_ignores_non_finite_log_probs_at_padded_positions():
+    """A padded position whose stored log-prob is -inf (its token outside a top-k support) must not turn
+    the loss or the gradient into NaN: found with TRPO/A2C in issue #8, same arithmetic here."""
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    old = torch.tensor([[-1.2, -1.9, float("-inf")]])
+    adv = torch.tensor([[1.0, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, stats = clipped_policy_loss(logprobs, old, adv, mask, clip=0.2)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
+    assert logprobs.grad[0, 2] == 0.0
+    # the same as the two unpadded positions alone
+    ref, _ = clipped_policy_loss(logprobs[:, :2].detach(), old[:, :2], adv[:, :2], mask[:, :2], clip=0.2)
+    assert loss.item() == pytest.approx(ref.item())
+    assert all(torch.isfinite(v) for v in stats.values())
