@@ -60,6 +60,21 @@ def cell(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+def sample_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The fields of a samples event in first-seen order: rows may differ (a metric per sample only
+    on some), and every tracker's table must hold them all."""
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    return columns
+
+
+def sample_table(step: int, rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """``(columns, data)`` of a samples event as a table with the step as first column."""
+    columns = ["step", *(c for c in sample_columns(rows) if c != "step")]
+    return columns, [[step] + [cell(row.get(c)) for c in columns[1:]] for row in rows]
+
+
 def status_of(summary: dict[str, Any]) -> str:
     return "stopped" if summary.get("stopped") else "succeeded"
 

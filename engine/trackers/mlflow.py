@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from engine.trackers.base import Tracker, cell, flatten, load_state, save_state, scalars
+from engine.trackers.base import Tracker, flatten, load_state, sample_table, save_state, scalars
 
 # MLflow's own limits (mlflow.utils.validation): key length, param value length, batch sizes.
 MAX_KEY = 250
@@ -110,12 +110,9 @@ class MLflowTracker(Tracker):
     def write_samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
         if not rows:
             return
-        columns = ["step"]
-        for row in rows:
-            columns.extend(k for k in row if k not in columns)
         # One file per event in MLflow's table JSON ({"columns", "data"}): log_table would download
         # and rewrite one growing file on every event.
-        data = [[step] + [cell(row.get(c)) for c in columns[1:]] for row in rows]
+        columns, data = sample_table(step, rows)
         path = f"samples/{mlflow_key(split)}/step-{int(step):06d}.json"
         self.client.log_dict(self.run_id, {"columns": columns, "data": data}, path)
 

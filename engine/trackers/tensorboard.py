@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
-from engine.trackers.base import Tracker, cell, flatten, scalars
+from engine.trackers.base import Tracker, cell, flatten, sample_columns, scalars
 
 
 def _md_cell(value: Any) -> str:
@@ -25,9 +25,7 @@ def _md_cell(value: Any) -> str:
 
 def samples_markdown(rows: list[dict[str, Any]]) -> str:
     """Rows as one markdown table (columns in first-seen order)."""
-    columns: list[str] = []
-    for row in rows:
-        columns.extend(k for k in row if k not in columns)
+    columns = sample_columns(rows)
     lines = ["| " + " | ".join(_md_cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_md_cell(row.get(c)) for c in columns) + " |" for row in rows]
     return "\n".join(lines)

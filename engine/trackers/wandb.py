@@ -22,7 +22,7 @@ from typing import Any
 
 import wandb
 
-from engine.trackers.base import Tracker, cell, load_state, save_state, scalars
+from engine.trackers.base import Tracker, load_state, sample_table, save_state, scalars
 
 
 class WandbTracker(Tracker):
@@ -64,10 +64,7 @@ class WandbTracker(Tracker):
     def write_samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
         if not rows:
             return
-        columns = ["step"]
-        for row in rows:
-            columns.extend(k for k in row if k not in columns)
-        data = [[step] + [cell(row.get(c)) for c in columns[1:]] for row in rows]
+        columns, data = sample_table(step, rows)
         self.run.log({f"samples/{split}": wandb.Table(columns=columns, data=data), "step": step})
 
     def write_checkpoint(self, step: int, path: str) -> None:
