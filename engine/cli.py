@@ -1,4 +1,5 @@
-"""``python -m engine`` (also installed as ``grue``): train, eval, schema, import-gguf, presets, components.
+"""``python -m engine`` (also installed as ``grue``): train, eval, schema, import-gguf, presets, components,
+sweep, study.
 
 Errors are reported as one readable message that says what is wrong and what to do, not as a
 traceback (``--debug`` shows the traceback).
@@ -35,6 +36,7 @@ from engine.presets import list_presets, load_preset
 from engine.registry import UnknownComponentError
 from engine.remote import RemoteSink, push_outbox, start_remote_run
 from engine.sinks import ConsoleSink
+from engine.study import BUDGETS, STUDIES, StudyError, export_reference, run_study, write_report
 from engine.sweep import SweepError, load_sweep, run_sweep
 from engine.sweep import table as sweep_table
 from engine.trackers import trackers as tracker_registry
@@ -119,6 +121,42 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     results = run_sweep(sweep, processes=args.processes, progress=lambda m: print(m, file=sys.stderr))
     print(sweep_table(sweep, results))
     return 0 if all(r["status"] != "failed" for r in results) else 1
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    """``study STUDY --out DIR`` runs or continues a grid; ``study report DIR``, ``study export DIR``."""
+    if args.study == "report":
+        if not args.dir:
+            raise CLIError("usage: python -m engine study report DIR [--docs docs/reproduction.md]")
+        rep = write_report(args.dir, docs=args.docs)
+        for i, claim in enumerate(rep["verdicts"], 1):
+            print(f"claim {i}: {claim['verdict']}")
+        print(f"report written to {rep['dir']}")
+        return 0
+    if args.study == "export":
+        if not args.dir or not args.out:
+            raise CLIError("usage: python -m engine study export DIR --out FILE.json.gz")
+        print(export_reference(args.dir, args.out))
+        return 0
+    if args.dir:
+        raise CLIError(f"unexpected argument {args.dir!r}: give the output directory with --out")
+    if not args.out:
+        raise CLIError(f"give the output directory: python -m engine study {args.study} --out DIR")
+    results = run_study(
+        args.study,
+        args.out,
+        seeds=args.seeds,
+        budget=args.budget,
+        workers=args.workers,
+        keep_weights=args.keep_weights,
+        cells=args.cells,
+    )
+    if any(r["status"] == "failed" for r in results):
+        return 1
+    if all(r["status"] in ("done", "skipped") for r in results):
+        rep = write_report(args.out)
+        print(f"all runs done; report written to {rep['dir']} (python -m engine study report {args.out})")
+    return 0
 
 
 def _remote_sink(args: argparse.Namespace, cfg: RunConfig) -> Any:
@@ -294,6 +332,26 @@ def make_parser() -> argparse.ArgumentParser:
     sw.add_argument("--dry-run", action="store_true", help="list the runs and their values, train nothing")
     sw.set_defaults(func=cmd_sweep)
 
+    st = sub.add_parser(
+        "study",
+        help="reproduction studies: run a grid (resumable), report it, export reference runs (engine/study.py)",
+        description="python -m engine study grue-imdb --out DIR [--seeds 0 1 2] [--budget small|smoke] "
+        "[--workers N]; python -m engine study report DIR [--docs docs/reproduction.md]; "
+        "python -m engine study export DIR --out FILE.json.gz",
+    )
+    st.add_argument("study", choices=[*STUDIES, "report", "export"], help="a study id, or report / export")
+    st.add_argument("dir", nargs="?", metavar="DIR", help="report / export: the study directory")
+    st.add_argument("--out", help="study: the output directory (re-run to resume); export: the .json.gz file")
+    st.add_argument("--seeds", type=int, nargs="+", help="default: 0 1 2")
+    st.add_argument("--budget", choices=list(BUDGETS), default="small", help="default: small")
+    st.add_argument("--workers", type=int, default=1, help="runs trained at once (default 1)")
+    st.add_argument("--cells", nargs="+", metavar="CELL", help="only these cells this sitting (default: all)")
+    st.add_argument(
+        "--keep-weights", action="store_true", help="keep checkpoints and models of finished runs"
+    )
+    st.add_argument("--docs", help="report: also fill the results section of this markdown file")
+    st.set_defaults(func=cmd_study)
+
     pu = sub.add_parser("push", help="send a streamed run's undelivered batches (its remote/ outbox)")
     pu.add_argument("run_dir", metavar="RUN_DIR")
     pu.add_argument("--report-to", metavar="URL", help="dashboard URL (env GRUE_URL)")
@@ -335,7 +393,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _friendly(exc: BaseException) -> str | None:
     """One-line explanation for errors users cause; None for bugs (which keep their traceback)."""
-    if isinstance(exc, (ConfigError, CLIError, UnknownComponentError, SweepError)):
+    if isinstance(exc, (ConfigError, CLIError, UnknownComponentError, SweepError, StudyError)):
         return str(exc)
     name = type(exc).__name__
     if name in (

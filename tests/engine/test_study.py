@@ -1,0 +1,214 @@
+"""The reproduction study command (engine/study.py) on its smoke budget: the whole GRUE IMDB grid for one
+seed on the builtin tiny GPT-2, interrupted and resumed, then reported and exported.
+
+The tiny model learns nothing in two iterations; these tests check the machinery (every cell trains and is
+evaluated on the same test prompts, a re-run skips finished runs and resumes an interrupted one from its
+checkpoint, the report has every cell and honest verdicts), not the paper's claims.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine import cli
+from engine.study import (
+    BUDGETS,
+    PERPLEXITY,
+    RESULT_FILE,
+    SENTIMENT,
+    STUDIES,
+    StudyError,
+    cell_config,
+    export_reference,
+    read_reference,
+    run_state,
+    run_study,
+    verdicts,
+    write_report,
+)
+
+CELLS = STUDIES["grue-imdb"].cells
+
+
+@pytest.fixture(scope="module")
+def interrupted_then_resumed(tmp_path_factory):
+    """The smoke grid for seed 0, stopped inside the PPO run after its first checkpoint, then re-run."""
+    out = tmp_path_factory.mktemp("study")
+    ppo_ckpt = out / "runs" / "ppo-seed0" / "checkpoints" / "latest.json"
+    lines: list[str] = []
+    first = run_study(
+        "grue-imdb", out, seeds=[0], budget="smoke", say=lines.append, should_stop=ppo_ckpt.exists
+    )
+    after_first = {
+        "results": first,
+        "states": {c: run_state(out / "runs" / f"{c}-seed0") for c in CELLS},
+        "zero_shot_mtime": (out / "runs" / "zero_shot-seed0" / RESULT_FILE).stat().st_mtime_ns,
+    }
+    second_lines: list[str] = []
+    second = run_study("grue-imdb", out, seeds=[0], budget="smoke", say=second_lines.append)
+    return {"out": out, "first": after_first, "second": second, "lines": lines, "second_lines": second_lines}
+
+
+def test_interrupted_grid_stops_in_ppo_with_a_checkpoint(interrupted_then_resumed):
+    first = interrupted_then_resumed["first"]
+    assert [(r["key"], r["status"]) for r in first["results"]] == [
+        ("zero_shot-seed0", "done"),
+        ("supervised-seed0", "done"),
+        ("ppo-seed0", "stopped"),
+    ]
+    assert first["states"]["ppo"] == "resume"
+    assert all(first["states"][c] == "new" for c in ("nlpo", "supervised_ppo", "supervised_nlpo"))
+    # a progress line per run and overall (runs done / total, ETA)
+    assert any(
+        line.startswith("[1/6 done] zero_shot-seed0") and "ETA" in line
+        for line in interrupted_then_resumed["lines"]
+    )
+
+
+def test_rerun_skips_finished_runs_and_resumes_the_interrupted_one(interrupted_then_resumed):
+    out: Path = interrupted_then_resumed["out"]
+    second = {r["key"]: r for r in interrupted_then_resumed["second"]}
+    assert second["zero_shot-seed0"]["status"] == "skipped"
+    assert second["supervised-seed0"]["status"] == "skipped"
+    assert second["ppo-seed0"]["state_before"] == "resume" and second["ppo-seed0"]["status"] == "done"
+    assert all(second[f"{c}-seed0"]["status"] == "done" for c in CELLS[2:])
+    assert (out / "runs" / "zero_shot-seed0" / RESULT_FILE).stat().st_mtime_ns == interrupted_then_resumed[
+        "first"
+    ]["zero_shot_mtime"]
+    ppo = out / "runs" / "ppo-seed0"
+    events = [json.loads(x) for x in (ppo / "events.jsonl").read_text().splitlines()]
+    assert any(e.get("event") == "log" and "resumed from" in e.get("message", "") for e in events)
+    # the resumed run continued (iteration 1 kept, 2 added), it did not start over or repeat a step
+    steps = [
+        json.loads(x)["step"]
+        for x in (ppo / "metrics.jsonl").read_text().splitlines()
+        if "train/reward_mean" in json.loads(x)
+    ]
+    assert steps == [1, 2]
+    assert interrupted_then_resumed["second_lines"][-1].startswith("[6/6 done]")
+
+
+def test_every_run_is_evaluated_on_the_same_test_prompts_and_loses_its_weights(interrupted_then_resumed):
+    out: Path = interrupted_then_resumed["out"]
+    prompts = set()
+    for cell in CELLS:
+        d = out / "runs" / f"{cell}-seed0"
+        test = json.loads((d / "test_results.json").read_text())
+        assert test["split"] == "test" and test["n_samples"] == BUDGETS["smoke"].test_prompts
+        assert {SENTIMENT, PERPLEXITY, "diversity_metrics/distinct-1"} <= set(test["metrics"])
+        prompts.add(tuple(s["prompt"] for s in test["samples"]))
+        assert not (d / "model").exists() and not (d / "checkpoints").exists()
+    assert len(prompts) == 1
+
+
+def test_report_has_every_cell_curves_images_and_honest_verdicts(interrupted_then_resumed, tmp_path):
+    out: Path = interrupted_then_resumed["out"]
+    doc = tmp_path / "reproduction.md"
+    doc.write_text("# title\n<!-- study:results:start -->\nold\n<!-- study:results:end -->\ntail\n")
+    rep = write_report(out, docs=doc)
+    table = json.loads((out / "report" / "results.json").read_text())
+    assert list(table["cells"]) == list(CELLS)
+    for cell in CELLS:
+        entry = table["cells"][cell]["metrics"][SENTIMENT]
+        assert entry["n"] == 1 and entry["std"] is None and 0.0 <= entry["mean"] <= 1.0
+    md = (out / "report" / "results.md").read_text()
+    for label in ("Zero-shot", "Supervised", "PPO", "NLPO", "Supervised + PPO", "Supervised + NLPO"):
+        assert f"| {label} | 1 |" in md
+    # one seed: nothing can be decided from a seed band
+    assert [c["verdict"] for c in rep["verdicts"]] == ["inconclusive"] * 3
+    curves = json.loads((out / "report" / "curves.json").read_text())
+    assert set(curves["train/reward_mean"]["cells"]) == {"ppo", "nlpo", "supervised_ppo", "supervised_nlpo"}
+    assert curves["train/reward_mean"]["cells"]["ppo"]["steps"] == [1, 2]
+    csv_lines = (out / "report" / "curves.csv").read_text().splitlines()
+    assert csv_lines[0] == "metric,cell,step,mean,std,n" and any(
+        x.startswith("train/kl,nlpo,2,") for x in csv_lines
+    )
+    for stem in ("reward", "kl", "perplexity", "sentiment"):
+        svg = (out / "report" / f"{stem}.svg").read_text()
+        assert svg.startswith("<svg") and ("<polyline" in svg or "stroke-dasharray" in svg)
+        assert (tmp_path / "reproduction" / f"{stem}.svg").exists()
+    filled = doc.read_text()
+    assert "old" not in filled and filled.startswith("# title") and filled.endswith("tail\n")
+    assert "| Supervised + NLPO | 1 |" in filled and "reproduction/reward.svg" in filled
+
+
+def test_export_is_compact_and_reads_back(interrupted_then_resumed, tmp_path):
+    dest = export_reference(interrupted_then_resumed["out"], tmp_path / "ref.json.gz")
+    assert dest.stat().st_size < 200_000
+    doc = read_reference(dest)
+    assert doc["study"] == "grue-imdb" and len(doc["runs"]) == 6
+    ppo = next(r for r in doc["runs"] if r["cell"] == "ppo")
+    assert [s for s, _v in ppo["metrics"]["train/reward_mean"]] == [1, 2]
+    assert ppo["config"]["train"]["output_dir"] is None
+    assert SENTIMENT in ppo["test"]["metrics"] and len(ppo["test_samples"]) == BUDGETS["smoke"].test_prompts
+
+
+def test_a_directory_of_another_budget_is_refused(interrupted_then_resumed):
+    with pytest.raises(StudyError, match="budget"):
+        run_study("grue-imdb", interrupted_then_resumed["out"], seeds=[0], budget="small", say=lambda m: None)
+
+
+def test_cli_report_and_errors(interrupted_then_resumed, capsys):
+    assert cli.main(["study", "report", str(interrupted_then_resumed["out"])]) == 0
+    assert "claim 1: inconclusive" in capsys.readouterr().out
+    assert cli.main(["study", "grue-imdb"]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def _table(means: dict[str, tuple[float, float, float]], ppl: dict[str, float] | None = None) -> dict:
+    """A results table with three seeds per cell: sentiment values as given, perplexity constant."""
+    cells = {}
+    for cell in CELLS:
+        vals = means.get(cell, (0.5, 0.5, 0.5))
+        m = sum(vals) / 3
+        sd = (sum((v - m) ** 2 for v in vals) / 2) ** 0.5
+        p = (ppl or {}).get(cell, 30.0)
+        cells[cell] = {
+            "metrics": {
+                SENTIMENT: {"mean": m, "std": sd, "n": 3},
+                PERPLEXITY: {"mean": p, "std": 0.5, "n": 3},
+            }
+        }
+    return {"cells": cells}
+
+
+def test_verdict_rules_on_seed_bands():
+    rl_wins = {
+        "supervised": (0.50, 0.51, 0.52),
+        "ppo": (0.60, 0.61, 0.62),
+        "nlpo": (0.70, 0.71, 0.72),
+        "supervised_ppo": (0.62, 0.63, 0.64),
+        "supervised_nlpo": (0.72, 0.73, 0.74),
+        "zero_shot": (0.40, 0.41, 0.42),
+    }
+    v = verdicts(_table(rl_wins))
+    assert [c["verdict"] for c in v] == ["supported"] * 3
+    # perplexity 20 % above zero-shot: claim 2 fails at this scale
+    v = verdicts(_table(rl_wins, ppl={"ppo": 36.0, "zero_shot": 30.0}))
+    assert v[1]["verdict"] == "not supported at this scale"
+    # NLPO below PPO beyond the noise: claim 3 not supported; overlapping bands: inconclusive
+    flipped = {**rl_wins, "nlpo": (0.50, 0.51, 0.52)}
+    assert verdicts(_table(flipped))[2]["verdict"] == "not supported at this scale"
+    noisy = {**rl_wins, "nlpo": (0.40, 0.62, 0.85)}
+    assert verdicts(_table(noisy))[2]["verdict"] == "inconclusive"
+
+
+def test_small_budget_configs_are_valid_and_share_the_evaluation():
+    study, budget = STUDIES["grue-imdb"], BUDGETS["small"]
+    cfgs = {c: cell_config(study, c, 1, budget) for c in CELLS}
+    assert {json.dumps(c["task"], sort_keys=True) for c in cfgs.values()} == {
+        json.dumps(cfgs["ppo"]["task"], sort_keys=True)
+    }
+    assert {json.dumps(c["eval"], sort_keys=True) for c in cfgs.values()} == {
+        json.dumps(cfgs["ppo"]["eval"], sort_keys=True)
+    }
+    assert cfgs["supervised"]["supervised"]["task"]["id"] == "imdb_seq2seq"
+    assert cfgs["ppo"]["train"]["n_iters"] == budget.n_iters and cfgs["zero_shot"]["train"]["n_iters"] == 0
+    assert (
+        cfgs["supervised_nlpo"]["algorithm"]["id"] == "nlpo"
+        and cfgs["supervised_nlpo"]["supervised"]["enabled"]
+    )
+    assert all(c["train"]["seed"] == 1 for c in cfgs.values())
