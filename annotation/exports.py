@@ -23,57 +23,63 @@ def preference_pairs(
     keeps a group on one side of the held-out split. ``source`` chooses human judgments, AI judges'
     verdicts (one per judge and item, after the swap rule) or both; ``meta.source`` says which."""
     source = check_source(source)
-    if source == "ai":
-        return _ai_pairs(camp, include_gold)
     out = []
-    for r in judgment_rows(camp):
-        if r["choice"] not in ("a", "b") or (r["item__gold"] and not include_gold):
-            continue
-        a_won = r["choice"] == "a"
-        out.append(
-            {
-                "prompt": r["item__prompt"],
-                "chosen": r["item__output_a"] if a_won else r["item__output_b"],
-                "rejected": r["item__output_b"] if a_won else r["item__output_a"],
-                "meta": {
-                    "campaign": camp.pk, "item": r["item_id"], "judgment": r["id"], "annotator": r["annotator_id"],
-                    # Held-out splits group on this: every pair about one input (any two systems,
-                    # any annotator) lands on the same side, so no held-out text was trained on.
-                    "group": f"{camp.pk}:{r['item__key']}",
-                    "system_chosen": r["item__system_a"] if a_won else r["item__system_b"],
-                    "system_rejected": r["item__system_b"] if a_won else r["item__system_a"],
-                    "rationale": r["rationale"], "seconds": r["seconds"], "gold": bool(r["item__gold"]),
-                    "source": "human",
-                },
-            }
-        )  # fmt: skip
-    if source == "both":
-        out += _ai_pairs(camp, include_gold)
+    if source in ("human", "both"):
+        for r in judgment_rows(camp):
+            if r["choice"] in ("a", "b") and (include_gold or not r["item__gold"]):
+                out.append(
+                    _pair(
+                        camp, r["choice"] == "a", r["item__prompt"], r["item__key"],
+                        (r["item__output_a"], r["item__output_b"]), (r["item__system_a"], r["item__system_b"]),
+                        {
+                            "item": r["item_id"], "judgment": r["id"], "annotator": r["annotator_id"],
+                            "rationale": r["rationale"], "seconds": r["seconds"], "gold": bool(r["item__gold"]),
+                            "source": "human",
+                        },
+                    )
+                )  # fmt: skip
+    if source in ("ai", "both"):
+        for v in ai_verdicts(camp, include_gold=include_gold):
+            if v["choice"] in ("a", "b"):
+                out.append(
+                    _pair(
+                        camp, v["choice"] == "a", v["prompt"], v["key"],
+                        (v["output_a"], v["output_b"]), (v["system_a"], v["system_b"]),
+                        {
+                            "item": v["item_id"], "judgment": None, "annotator": None, "rationale": "",
+                            "seconds": None, "gold": bool(v["gold"]), "source": "ai", "ai_judge": v["judge"],
+                        },
+                    )
+                )  # fmt: skip
     return out
 
 
-def _ai_pairs(camp: Campaign, include_gold: bool) -> list[dict[str, Any]]:
-    out = []
-    for v in ai_verdicts(camp, include_gold=include_gold):
-        if v["choice"] not in ("a", "b"):
-            continue
-        a_won = v["choice"] == "a"
-        out.append(
-            {
-                "prompt": v["prompt"],
-                "chosen": v["output_a"] if a_won else v["output_b"],
-                "rejected": v["output_b"] if a_won else v["output_a"],
-                "meta": {
-                    "campaign": camp.pk, "item": v["item_id"], "judgment": None, "annotator": None,
-                    "group": f"{camp.pk}:{v['key']}",
-                    "system_chosen": v["system_a"] if a_won else v["system_b"],
-                    "system_rejected": v["system_b"] if a_won else v["system_a"],
-                    "rationale": "", "seconds": None, "gold": bool(v["gold"]),
-                    "source": "ai", "ai_judge": v["judge"],
-                },
-            }
-        )  # fmt: skip
-    return out
+def _pair(
+    camp: Campaign,
+    a_won: bool,
+    prompt: str,
+    item_key: str,
+    outputs: tuple[str, str],
+    systems: tuple[str, str],
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """One decided judgment (human or AI) as a preference pair; the same shape for both sources so a
+    reward model or DPO run can mix them."""
+    win, lose = (0, 1) if a_won else (1, 0)
+    return {
+        "prompt": prompt,
+        "chosen": outputs[win],
+        "rejected": outputs[lose],
+        "meta": {
+            "campaign": camp.pk,
+            # Held-out splits group on this: every pair about one input (any two systems, any
+            # annotator or judge) lands on the same side, so no held-out text was trained on.
+            "group": f"{camp.pk}:{item_key}",
+            "system_chosen": systems[win],
+            "system_rejected": systems[lose],
+            **meta,
+        },
+    }
 
 
 def export_jsonl(camp: Campaign, source: str = "human") -> str:
