@@ -8,16 +8,18 @@ from django.views.decorators.http import require_GET
 
 from webapp.access import researcher_required
 from webapp.grue.leaderboard import build_board, load_runs
+from webapp.grue.reference import study_board
 
 
 def _board(request: HttpRequest) -> dict:
     model = request.GET.get("model", "").strip() or None
-    return build_board(load_runs(), model=model)
+    return {**build_board(load_runs(), model=model), "reference": study_board()}
 
 
-def _chart(board: dict) -> dict:
+def _chart(board: dict, reference: list[dict] | None = None) -> dict:
     """Plotly traces: the normalised task score per algorithm (one trace per task with results),
-    and, where the paper reports results, our primary metric beside the paper's."""
+    and, where the paper reports results, our primary metric beside the paper's (plus the reference
+    study's seed mean with ± std error bars, when its runs are loaded)."""
     algs = [a["label"] for a in board["algorithms"]]
     score_traces = []
     for row in board["tasks"]:
@@ -47,6 +49,24 @@ def _chart(board: dict) -> dict:
                 "y": [c["values"][0] for c in row["cells"]],
             }
         )
+        for study in reference or []:
+            if study["study"] != "grue-imdb" or row["task"] != "imdb" or not study["n_runs"]:
+                continue
+            by_alg = {c["algorithm"]: c for c in study["cells"]}
+            cells = [by_alg.get(c["algorithm"]) for c in row["cells"]]
+            paper_traces.append(
+                {
+                    "type": "bar",
+                    "name": "reference runs (mean ± std over seeds)",
+                    "x": algs,
+                    "y": [c["sentiment"]["mean"] if c else None for c in cells],
+                    "error_y": {
+                        "type": "data",
+                        "array": [(c["sentiment"]["std"] or 0) if c else 0 for c in cells],
+                        "visible": True,
+                    },
+                }
+            )
         paper_title = f"{row['title']}: {label}"
         break
     else:
@@ -58,7 +78,7 @@ def _chart(board: dict) -> dict:
 @researcher_required
 def board(request: HttpRequest) -> HttpResponse:
     data = _board(request)
-    return render(request, "grue/board.html", {"board": data, "chart": _chart(data)})
+    return render(request, "grue/board.html", {"board": data, "chart": _chart(data, data["reference"])})
 
 
 @require_GET

@@ -49,27 +49,45 @@ RETRYABLE = (RunStatus.DRAFT, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.L
 
 # --------------------------------------------------------------------------- can_* (buttons, refusals)
 
+#: ``worker_host`` of a reference run (``webapp/grue/reference.py``): shipped study results, read-only.
+REFERENCE_PREFIX = "reference:"
+
+
+def is_reference(run: Run) -> bool:
+    """A reference run: cancel, retry, resume and delete are refused (clone & edit stays). The mark is
+    ``worker_host``, which only the server writes; the ``reference`` tag is for people and filters."""
+    return run.worker_host.startswith(REFERENCE_PREFIX)
+
+
+def _refuse_reference(run: Run, action: str) -> None:
+    if is_reference(run):
+        raise InvalidState(f"run #{run.pk} is a reference run (shipped study results) and cannot be {action}")
+
 
 def can_enqueue(run: Run) -> bool:
-    return run.status == RunStatus.DRAFT
+    return run.status == RunStatus.DRAFT and not is_reference(run)
 
 
 def can_cancel(run: Run) -> bool:
-    return run.status in (RunStatus.DRAFT, RunStatus.QUEUED, RunStatus.RUNNING) and not (
-        run.status == RunStatus.RUNNING and run.cancel_requested
+    return (
+        run.status in (RunStatus.DRAFT, RunStatus.QUEUED, RunStatus.RUNNING)
+        and not (run.status == RunStatus.RUNNING and run.cancel_requested)
+        and not is_reference(run)
     )
 
 
 def can_retry(run: Run) -> bool:
-    return run.status in RETRYABLE
+    return run.status in RETRYABLE and not is_reference(run)
 
 
 def can_resume(run: Run) -> bool:
-    return run.status in RESUMABLE and bool(run.run_dir) and run.checkpoints.exists()
+    return (
+        run.status in RESUMABLE and bool(run.run_dir) and run.checkpoints.exists() and not is_reference(run)
+    )
 
 
 def can_delete(run: Run) -> bool:
-    return run.status not in ACTIVE_STATUSES
+    return run.status not in ACTIVE_STATUSES and not is_reference(run)
 
 
 def files_deletable(run: Run) -> str | None:
@@ -430,6 +448,7 @@ def cancel_run(run: Run) -> Run:
     engine's next step."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run.pk)
+        _refuse_reference(run, "cancelled")
         if not can_cancel(run):
             raise InvalidState(
                 f"run #{run.pk} is already {run.status}"
@@ -462,6 +481,7 @@ def retry_run(run: Run, *, user: Any = None) -> Run:
     place; one that produced data gets a fresh run (cloned) so that curves never mix. The clone gets a
     new run directory: the old one stays the old run's."""
     run.refresh_from_db()
+    _refuse_reference(run, "retried")
     if not can_retry(run):
         raise InvalidState(f"run #{run.pk} is still {run.status}")
     never_started = run.started_at is None and not run.metric_points.exists()
@@ -488,6 +508,7 @@ def resume_run(run: Run) -> Run:
     already stored are kept (ingest is idempotent on run/key/step)."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
+        _refuse_reference(locked, "resumed")
         if locked.status not in RESUMABLE:
             raise InvalidState(
                 f"run #{run.pk} is {locked.status}; only failed, lost or cancelled runs resume"
@@ -505,6 +526,7 @@ def delete_run(run: Run, *, delete_files: bool = False) -> str | None:
     directory goes too, but only when ``files_deletable`` allows it; otherwise the files stay and the
     reason is returned (the view shows it)."""
     run.refresh_from_db()
+    _refuse_reference(run, "deleted")
     if not can_delete(run):
         raise InvalidState(f"run #{run.pk} is {run.status}; cancel it before deleting")
     kept: str | None = None
