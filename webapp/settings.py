@@ -226,6 +226,12 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "webapp" / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
+# {% static %} URLs carry ?v=<content hash>, so the app's static view (webapp/staticfiles.py) can let
+# browsers cache them for a year; files are served from memory, gzip-compressed once.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "webapp.staticfiles.VersionedStaticStorage"},
+}
 
 # Request size (issue 14 item 4): bodies over GRUE_MAX_REQUEST_BYTES are refused with 413 before
 # they are buffered (webapp.limits, in daphne and as ASGI/WSGI middleware); form fields over

@@ -7,7 +7,7 @@ Browser tests need committed rows: mark them ``@pytest.mark.django_db(transactio
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +67,21 @@ def page(browser: Any) -> Iterator[Any]:
     pg.set_default_timeout(30_000)
     yield pg
     context.close()
+
+
+@pytest.fixture
+def login(password_of: Callable[[Any], str]) -> Callable[..., None]:
+    """Log a browser page in through the real login form, then wait for the redirect:
+    ``login(page, base_url, user, password=None, next_url="/")``. ``user`` is a fixture user (its
+    password comes from ``password_of``) or a username with ``password`` given."""
+
+    def do(page: Any, base_url: str, user: Any, password: str | None = None, next_url: str = "/") -> None:
+        username = user if isinstance(user, str) else user.username
+        secret = password if password is not None else password_of(user)
+        page.goto(f"{base_url}/accounts/login/" + (f"?next={next_url}" if next_url != "/" else ""))
+        page.fill("input[name=username]", username)
+        page.fill("input[name=password]", secret)
+        page.click("form [type=submit]")
+        page.wait_for_url(f"{base_url}{next_url}")
+
+    return do

@@ -12,14 +12,13 @@ from playwright.sync_api import expect
 
 from annotation import ai_judges
 from tests.annotation.test_ai_judges import ChatServer, _campaign
-from tests.e2e.test_annotation_browser import login
 
 pytestmark = [pytest.mark.e2e]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_progress_bar_eta_and_agreement_panel(
-    page: Any, asgi_server: Any, celery_worker: Any, researcher: Any, password_of: Any, wait_for: Any
+    page: Any, asgi_server: Any, celery_worker: Any, researcher: Any, login: Any, wait_for: Any
 ) -> None:
     server = ChatServer()
     server.healthy = True
@@ -35,7 +34,7 @@ def test_progress_bar_eta_and_agreement_panel(
 
         base = asgi_server.url
         detail = f"/annotate/campaigns/{camp.pk}/"
-        login(page, base, researcher.username, password_of(researcher), detail)
+        login(page, base, researcher, next_url=detail)
         row = page.locator(f'#ai-judge-table tr[data-judge="{judge.pk}"]')
         expect(row.locator(".ai-progress-text")).to_have_text("1 of 4 items")
         expect(row.locator(".ai-eta")).to_contain_text("left")  # written by the polling script

@@ -24,14 +24,6 @@ from tests.annotation.conftest import make_run, make_user
 pytestmark = [pytest.mark.e2e]
 
 
-def login(page: Any, base: str, username: str, password: str, next_url: str) -> None:
-    page.goto(f"{base}/accounts/login/?next={next_url}")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("form [type=submit]")
-    page.wait_for_url(f"{base}{next_url}")
-
-
 def ready(page: Any) -> None:
     """The keyboard handler is attached (annotate.js marks the body when it is listening)."""
     page.wait_for_selector("body[data-annotate-ready='1']")
@@ -47,7 +39,7 @@ def _upload(n: int) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_annotator_judges_with_the_keyboard(page: Any, asgi_server: Any) -> None:
+def test_annotator_judges_with_the_keyboard(page: Any, asgi_server: Any, login: Any) -> None:
     ann = make_user("kbd")
     camp = uploads.create_campaign_from_upload(
         "keyboard campaign", _upload(4), overlap=1, instructions="Pick the better one."
@@ -56,7 +48,7 @@ def test_annotator_judges_with_the_keyboard(page: Any, asgi_server: Any) -> None
     campaigns.start_campaign(camp)
     base = asgi_server.url
     url = f"/annotate/c/{camp.pk}/"
-    login(page, base, "kbd", "pw-kbd-123", url)
+    login(page, base, "kbd", "pw-kbd-123", next_url=url)
 
     progress = page.locator("#progress")
     expect(progress).to_have_text("0 of 4")
@@ -124,7 +116,7 @@ def test_annotator_judges_with_the_keyboard(page: Any, asgi_server: Any) -> None
 
 
 @pytest.mark.django_db(transaction=True)
-def test_annotator_scores_likert_axes_with_the_keyboard(page: Any, asgi_server: Any) -> None:
+def test_annotator_scores_likert_axes_with_the_keyboard(page: Any, asgi_server: Any, login: Any) -> None:
     from annotation.models import AXES_PRESETS
 
     ann = make_user("lik")
@@ -137,7 +129,7 @@ def test_annotator_scores_likert_axes_with_the_keyboard(page: Any, asgi_server: 
     invites.add_member(camp, ann)
     campaigns.start_campaign(camp)
     url = f"/annotate/c/{camp.pk}/"
-    login(page, asgi_server.url, "lik", "pw-lik-123", url)
+    login(page, asgi_server.url, "lik", "pw-lik-123", next_url=url)
     ready(page)
     expect(page.locator(".likert-axis").first).to_contain_text("5 – fluent")  # anchored labels on screen
     page.keyboard.press("5")  # fluency, then the highlight moves to commonsense
@@ -158,7 +150,7 @@ def _other(text: str) -> str:
 
 @pytest.mark.django_db(transaction=True)
 def test_researcher_runs_a_blind_comparison_in_the_browser(
-    page: Any, live_server_with_worker: Any, researcher: Any, password_of: Any, wait_for: Any
+    page: Any, live_server_with_worker: Any, researcher: Any, login: Any, wait_for: Any
 ) -> None:
     """The whole loop: compare two runs blind, 3 annotators, results with intervals and agreement,
     train a reward model from the judgments (real worker), launch a new run that optimises it."""
@@ -169,7 +161,7 @@ def test_researcher_runs_a_blind_comparison_in_the_browser(
     good = make_run("kind-run", prompts, [f"a lovely film {i}" for i in range(5)], rewards=[0.9] * 5)
     bad = make_run("grumpy-run", prompts, [f"a dreadful film {i}" for i in range(5)], rewards=[0.1] * 5)
     base = live_server_with_worker.url
-    login(page, base, researcher.username, password_of(researcher), "/annotate/campaigns/new/")
+    login(page, base, researcher, next_url="/annotate/campaigns/new/")
     page.fill("input[name=name]", "kind vs grumpy")
     page.check(f"input[name=runs][value='{good.pk}']")
     page.check(f"input[name=runs][value='{bad.pk}']")

@@ -22,7 +22,7 @@ document.addEventListener("securitypolicyviolation", (e) => {
 
 
 @pytest.mark.django_db(transaction=True)
-def test_pages_run_under_the_csp_without_violations(asgi_server, browser, researcher, password_of):
+def test_pages_run_under_the_csp_without_violations(asgi_server, browser, researcher, login):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})  # the CSP is enforced
     page = context.new_page()
     page.set_default_timeout(30_000)
@@ -32,11 +32,7 @@ def test_pages_run_under_the_csp_without_violations(asgi_server, browser, resear
     page.on("console", lambda msg: console.append(msg.text))
     page.add_init_script(RECORD_VIOLATIONS)
     base = asgi_server.url
-    page.goto(f"{base}/accounts/login/")
-    page.fill("input[name=username]", researcher.username)
-    page.fill("input[name=password]", password_of(researcher))
-    page.click("form [type=submit]")
-    page.wait_for_url(f"{base}/")
+    login(page, base, researcher)
     violations: dict[str, Any] = {}
     for path in ("/", "/launch/", f"/runs/{run.pk}/", f"/compare/?runs={run.pk}", "/grue/", "/annotate/"):
         resp = page.goto(f"{base}{path}")

@@ -16,14 +16,13 @@ from playwright.sync_api import expect
 
 from annotation import assignment, campaigns, invites
 from tests.annotation.conftest import NEGATIVE, POSITIVE, make_run, make_user
-from tests.e2e.test_annotation_browser import login
 
 pytestmark = [pytest.mark.e2e]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_results_page_to_a_finished_dpo_run(
-    page: Any, live_server_with_worker: Any, researcher: Any, password_of: Any, wait_for: Any, runs_dir: Path
+    page: Any, live_server_with_worker: Any, researcher: Any, login: Any, wait_for: Any, runs_dir: Path
 ) -> None:
     from webapp.runs.models import MetricPoint, Run
 
@@ -43,7 +42,7 @@ def test_results_page_to_a_finished_dpo_run(
 
     base = live_server_with_worker.url
     results = f"/annotate/campaigns/{camp.pk}/results/"
-    login(page, base, researcher.username, password_of(researcher), results)
+    login(page, base, researcher, next_url=results)
     page.click("#dpo-button")
     page.wait_for_url(f"{base}/launch/?dpo_campaign={camp.pk}")
     expect(page.get_by_text("6 preference pairs exported")).to_be_visible()

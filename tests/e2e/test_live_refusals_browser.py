@@ -15,14 +15,6 @@ from playwright.sync_api import expect
 pytestmark = [pytest.mark.e2e]
 
 
-def login(page: Any, base_url: str, username: str, password: str) -> None:
-    page.goto(f"{base_url}/accounts/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("form [type=submit]")
-    page.wait_for_url(f"{base_url}/")
-
-
 def _in_thread(fn: Any) -> None:
     """Database work from another thread: Playwright's event loop occupies this one."""
     from django.db import connection
@@ -39,16 +31,14 @@ def _in_thread(fn: Any) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_logged_out_page_stops_and_says_why(
-    page: Any, asgi_server: Any, researcher: Any, password_of: Any
-) -> None:
+def test_logged_out_page_stops_and_says_why(page: Any, asgi_server: Any, researcher: Any, login: Any) -> None:
     from django.contrib.sessions.models import Session
 
     from webapp.runs.models import Run
     from webapp.runs.recorder import Recorder
 
     run = Run.objects.create(name="live", config={}, status="running")
-    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")
     expect(page.locator("#ws-state")).to_have_text("live")
 
@@ -74,12 +64,12 @@ def test_logged_out_page_stops_and_says_why(
 
 @pytest.mark.django_db(transaction=True)
 def test_deleted_run_page_stops_and_says_why(
-    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+    page: Any, asgi_server: Any, researcher: Any, login: Any
 ) -> None:
     from webapp.runs.models import Run
 
     run = Run.objects.create(name="gone", config={}, status="running")
-    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")
     expect(page.locator("#ws-state")).to_have_text("live")
     _in_thread(lambda: Run.objects.filter(pk=run.pk).delete())

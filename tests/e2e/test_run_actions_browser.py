@@ -33,17 +33,9 @@ def in_thread(fn: Callable[[], Any]) -> None:
     worker.join()
 
 
-def login(page: Any, base_url: str, username: str, password: str) -> None:
-    page.goto(f"{base_url}/accounts/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("form [type=submit]")
-    page.wait_for_url(f"{base_url}/")
-
-
 @pytest.mark.django_db(transaction=True)
 def test_resume_appears_after_a_cancel_without_a_reload(
-    page: Any, asgi_server: Any, researcher: Any, password_of: Any, runs_dir: Any
+    page: Any, asgi_server: Any, researcher: Any, login: Any, runs_dir: Any
 ) -> None:
     run = services.create_run(TINY, user=researcher)
     Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED, task_id="browser-task")
@@ -51,7 +43,7 @@ def test_resume_appears_after_a_cancel_without_a_reload(
     Run.objects.filter(pk=run.pk).update(run_dir=str(runs_dir / f"buttons-{run.pk}"))
     Checkpoint.objects.create(run_id=run.pk, step=3, path=str(runs_dir / f"buttons-{run.pk}" / "rl-000003"))
 
-    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")
     expect(page.locator("#ws-state")).to_have_text("live")
     expect(page.locator("#cancel-btn")).to_be_visible()

@@ -18,15 +18,6 @@ pytestmark = [pytest.mark.e2e]
 SCREENSHOTS = os.environ.get("GRUE_SCREENSHOTS")  # a directory: also save screenshots for the docs
 
 
-def login(page: Any, base_url: str, username: str, password: str) -> None:
-    """Log in through the real login form."""
-    page.goto(f"{base_url}/accounts/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("form [type=submit]")
-    page.wait_for_url(f"{base_url}/")
-
-
 def _shot(page: Any, name: str) -> None:
     if SCREENSHOTS:
         page.screenshot(path=os.path.join(SCREENSHOTS, f"{name}.png"), full_page=True)
@@ -34,12 +25,12 @@ def _shot(page: Any, name: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_launch_watch_live_and_cancel(
-    page: Any, live_server_with_worker: Any, researcher: Any, password_of: Any
+    page: Any, live_server_with_worker: Any, researcher: Any, login: Any
 ) -> None:
     from webapp.runs.models import MetricPoint, Run, RunStatus
 
     base = live_server_with_worker.url
-    login(page, base, researcher.username, password_of(researcher))
+    login(page, base, researcher)
 
     # Launch page: start from the tiny synthetic PPO preset, then edit it in the generated form.
     page.goto(f"{base}/launch/?preset=synthetic_ppo")
@@ -98,7 +89,7 @@ def test_launch_watch_live_and_cancel(
 
 @pytest.mark.django_db(transaction=True)
 def test_live_generations_are_inserted_as_text_not_html(
-    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+    page: Any, asgi_server: Any, researcher: Any, login: Any
 ) -> None:
     """A generation arriving over the websocket is shown verbatim and never parsed as HTML."""
     from webapp.runs import services
@@ -108,7 +99,7 @@ def test_live_generations_are_inserted_as_text_not_html(
     run = services.create_run({"name": "xss"}, user=researcher)
     run.status = RunStatus.RUNNING
     run.save(update_fields=["status"])
-    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")
     expect(page.locator("#ws-state")).to_have_text("live")
     payload = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
@@ -129,13 +120,13 @@ def test_live_generations_are_inserted_as_text_not_html(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_zoom_fetches_full_resolution(page: Any, asgi_server: Any, researcher: Any, password_of: Any) -> None:
+def test_zoom_fetches_full_resolution(page: Any, asgi_server: Any, researcher: Any, login: Any) -> None:
     """The overview of a long metric is downsampled; zooming loads every point of the range."""
     from webapp.runs import services
 
     run = services.create_run({"name": "long"}, user=researcher)
     services.ingest_metrics(run.pk, [("train/reward_mean", s, (s % 97) / 97) for s in range(20_000)])
-    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")
     page.wait_for_function("() => window.grueRun && window.grueRun.pointCount() > 0")
     chart = "document.querySelector('.chart[data-group=reward]')"
@@ -151,6 +142,71 @@ def test_zoom_fetches_full_resolution(page: Any, asgi_server: Any, researcher: A
     smoothed = page.evaluate("GrueCharts.ema([1, 2, null, 4], 0.5)")
     assert smoothed[2] is None
     assert [round(v, 6) for v in (smoothed[0], smoothed[1], smoothed[3])] == [1.0, round(5 / 3, 6), 3.0]
+
+
+# The order in which charts.js finished drawing the run page's charts (each sets data-points on its
+# .chart right after Plotly drew it), recorded from the first byte of the page.
+RECORD_DRAW_ORDER = """
+window.__drawOrder = [];
+new MutationObserver((records) => {
+  for (const r of records) {
+    const el = r.target;
+    if (el.classList.contains("chart") && !window.__drawOrder.includes(el.id)) window.__drawOrder.push(el.id);
+  }
+}).observe(document, {subtree: true, attributes: true, attributeFilter: ["data-points"]});
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_page_first_paint_grid_order_and_caching(
+    page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    """A run page with a chart per group: the charts form a grid of readable width (the compare
+    page's flex rule once squeezed all eight into one row of ~60 px wide charts), those on the
+    first screen are drawn before those below it, the page asks for no action buttons it already
+    has, and a second visit takes the plotly bundle from the browser's cache (versioned URL)."""
+    from webapp.runs import services
+    from webapp.runs.views import METRIC_GROUPS
+
+    run = services.create_run({"name": "first-paint"}, user=researcher)
+    keys = [prefixes[0] + ("mean" if prefixes[0].endswith("/") else "") for _g, _t, prefixes in METRIC_GROUPS]
+    keys.append("misc/other")
+    services.ingest_metrics(run.pk, [(k, s, s * 0.5) for k in keys for s in range(50)])
+    login(page, asgi_server.url, researcher)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.add_init_script(RECORD_DRAW_ORDER)
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    url = f"{asgi_server.url}/runs/{run.pk}/"
+    page.goto(url)
+    n = len(keys)
+    page.wait_for_function(
+        f"() => {{ const c = Array.from(document.querySelectorAll('.chart')); return c.length === {n}"
+        " && c.every((el) => el.dataset.points && el.querySelector('.main-svg')); }"
+    )
+    boxes = page.evaluate(
+        "() => Array.from(document.querySelectorAll('.chart')).map((el) => {"
+        " const b = el.getBoundingClientRect(); return {id: el.id, top: b.top, width: b.width}; })"
+    )
+    assert all(b["width"] >= 400 for b in boxes), boxes
+    rows = sorted({round(b["top"]) for b in boxes})
+    assert 2 <= len(rows) < n, boxes  # a grid: several charts per row, several rows
+    on_screen = {b["id"] for b in boxes if b["top"] < 800}
+    assert on_screen and len(on_screen) < n, boxes
+    order = page.evaluate("() => window.__drawOrder")
+    assert sorted(order) == sorted(b["id"] for b in boxes)
+    assert set(order[: len(on_screen)]) == on_screen, (order, on_screen)
+    assert not [u for u in requests if "/actions/" in u], requests  # the buttons came with the page
+    plotly_urls = [u for u in requests if "/static/vendor/plotly.min.js?v=" in u]
+    assert len(plotly_urls) == 1, requests
+    # A second visit: the bundle comes from the cache (no bytes transferred), not from the server.
+    page.goto(url)
+    page.wait_for_function("() => document.querySelectorAll('.chart .main-svg').length > 0")
+    transfer = page.evaluate(
+        "() => performance.getEntriesByType('resource')"
+        ".filter((e) => e.name.includes('plotly.min.js')).map((e) => e.transferSize)"
+    )
+    assert transfer == [0], transfer
 
 
 # --------------------------------------------------------------------------- compare and run table
@@ -183,7 +239,7 @@ def _overlaps(boxes: list[dict[str, float]]) -> list[tuple[int, int]]:
 
 @pytest.mark.django_db(transaction=True)
 def test_compare_groups_charts_keeps_constant_series_flat_and_ticks_readable(
-    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+    page: Any, asgi_server: Any, researcher: Any, login: Any
 ) -> None:
     """The compare page in chromium: charts sit in the run page's groups; the EMA of a constant
     series is that constant at every point (no start-up dip, no rounding drift); tick labels use SI
@@ -202,7 +258,7 @@ def test_compare_groups_charts_keeps_constant_series_flat_and_ticks_readable(
             + [("custom/x", s, s / 1000) for s in steps]
             + [(f"extra/m{i:02d}", s, i) for i in range(30) for s in (0, 1, 2)],  # a long page
         )
-    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/compare/?ids={a.pk},{b.pk}")
     # Charts are drawn as they come near the screen: the top one now, the last one once scrolled to.
     page.locator("#charts .chart").first.locator(".main-svg").first.wait_for()
@@ -271,7 +327,7 @@ def test_compare_groups_charts_keeps_constant_series_flat_and_ticks_readable(
 
 @pytest.mark.django_db(transaction=True)
 def test_run_table_with_30_eval_columns_scrolls_inside_its_box(
-    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+    page: Any, asgi_server: Any, researcher: Any, login: Any
 ) -> None:
     """30 chosen eval columns at a 1280 px viewport: the page is never wider than the viewport; the
     table scrolls sideways inside its own box."""
@@ -283,7 +339,7 @@ def test_run_table_with_30_eval_columns_scrolls_inside_its_box(
         run = services.create_run({"name": f"wide-{i}"}, user=researcher)
         Run.objects.filter(pk=run.pk).update(last_metrics={k: 1000.5 + j for j, k in enumerate(keys)})
     page.set_viewport_size({"width": 1280, "height": 900})
-    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/?metrics={','.join(keys)}")
     assert page.locator("table.runs-table th.metric").count() == 30
     widths = page.evaluate(
@@ -313,7 +369,7 @@ def test_run_table_with_30_eval_columns_scrolls_inside_its_box(
 
 @pytest.mark.django_db(transaction=True)
 def test_run_page_preloads_its_chart_overview_once(
-    page: Any, asgi_server: Any, researcher: Any, password_of: Any
+    page: Any, asgi_server: Any, researcher: Any, login: Any
 ) -> None:
     """A first visit requests the chart overview from the HTML (a preload that runs while the
     plotly bundle loads) and the page's script uses that response: one request, not two."""
@@ -321,7 +377,7 @@ def test_run_page_preloads_its_chart_overview_once(
 
     run = services.create_run({"name": "preloaded"}, user=researcher)
     services.ingest_metrics(run.pk, [("train/reward_mean", s, s / 100) for s in range(100)])
-    login(page, asgi_server.url, researcher.username, password_of(researcher))
+    login(page, asgi_server.url, researcher)
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url) if "/series.json" in r.url else None)
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")

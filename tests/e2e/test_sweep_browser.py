@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.e2e]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_sweep_page_draws_parcoords_under_the_csp(asgi_server, browser, researcher, password_of):
+def test_sweep_page_draws_parcoords_under_the_csp(asgi_server, browser, researcher, login):
     tag = "sweep:lr-e2e-abc123"
     for i, lr in enumerate((0.001, 0.003, 0.01)):
         cfg = tiny_run_config(2, f"lr-{i}")
@@ -31,11 +31,7 @@ def test_sweep_page_draws_parcoords_under_the_csp(asgi_server, browser, research
     page.on("console", lambda msg: console.append(msg.text))
     page.add_init_script(RECORD_VIOLATIONS)
     base = asgi_server.url
-    page.goto(f"{base}/accounts/login/")
-    page.fill("input[name=username]", researcher.username)
-    page.fill("input[name=password]", password_of(researcher))
-    page.click("form [type=submit]")
-    page.wait_for_url(f"{base}/")
+    login(page, base, researcher)
     resp = page.goto(f"{base}/sweeps/{tag}/")
     assert resp.status == 200
     page.wait_for_selector('#sweep-parcoords[data-drawn="3"]')

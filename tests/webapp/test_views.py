@@ -558,7 +558,9 @@ def test_compare_charts_are_grouped_like_the_run_page(researcher_client: Client,
         b.pk, [("train/kl", 1, 0.1), ("train/reward_mean", 1, 0.7), ("loss/policy", 1, 2)]
     )
     html = researcher_client.get("/compare/", {"ids": f"{a.pk},{b.pk}"}).content.decode()
-    charts = html[html.index('<div id="charts">') : html.index("<h2>Config differences</h2>")]
+    charts = html[
+        html.index('<div id="charts" class="chart-groups">') : html.index("<h2>Config differences</h2>")
+    ]
     group = r'<details class="chart-group[^"]*" data-group="([^"]+)" open>(.*?)</details>'
     sections = re.findall(group, charts, re.S)
     chart = r'<div class="chart" data-key="([^"]+)" data-group="([^"]+)">'

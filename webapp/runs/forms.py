@@ -174,8 +174,13 @@ def default_config() -> dict[str, Any]:
     return RunConfig().to_dict()
 
 
+# libyaml's emitter when PyYAML has it: the same text as the pure-Python one, ~15x faster (the run
+# page's config dump was about half of that page's server time).
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def dump_yaml(data: Any) -> str:
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return yaml.dump(data, Dumper=_YAML_DUMPER, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def load_yaml_text(text: str, what: str = "YAML") -> Any:

@@ -30,7 +30,7 @@ from engine.config import ConfigError, parse_config
 from engine.sweep import SweepError
 from webapp.access import researcher_required
 from webapp.celery import app as celery_app
-from webapp.runs import extensions, lifecycle, paths, queries, services, sweeps, workers
+from webapp.runs import extensions, lifecycle, paths, protocol, queries, services, sweeps, workers
 from webapp.runs.forms import (
     ImportRunForm,
     RunConfigForm,
@@ -347,6 +347,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "log_cursor": logs[-1].id if logs else 0,
         "groups": _chart_groups(),
         "status": run.status,
+        "cancel_requested": run.cancel_requested,
     }
     return render(
         request,
@@ -391,12 +392,30 @@ def _float_param(request: HttpRequest, name: str) -> float | None:
         raise ValueError(f"{name} must be a number") from None
 
 
+# The Run columns ``protocol.status_message`` reads (a column left out would cost one more query).
+_STATUS_FIELDS = (
+    "status",
+    "progress",
+    "eta_seconds",
+    "current_iter",
+    "total_iters",
+    "phase",
+    "error",
+    "cancel_requested",
+    "started_at",
+    "finished_at",
+)
+
+
 @researcher_required
 @require_GET
 def run_series(request: HttpRequest, pk: int) -> HttpResponse:
     """Chart data. The cursor is read BEFORE the series so that the websocket catch-up from it can
-    only repeat points (the browser dedupes by key and step), never miss one."""
-    run = get_object_or_404(Run, pk=pk)
+    only repeat points (the browser dedupes by key and step), never miss one.
+
+    One read of the run row serves the 404 check, the name and the status message (it used to be
+    read twice), and only the columns those need: the config can be large."""
+    run = get_object_or_404(Run.objects.only("pk", "name", *_STATUS_FIELDS), pk=pk)
     try:
         x0 = _float_param(request, "x0")
         x1 = _float_param(request, "x1")
@@ -414,7 +433,7 @@ def run_series(request: HttpRequest, pk: int) -> HttpResponse:
             "cursor": cursor,
             "series": series,
             "groups": groups,
-            "status": queries.run_status_message(run.pk),
+            "status": protocol.status_message(run),
         }
     )
 

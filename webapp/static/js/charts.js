@@ -30,6 +30,40 @@
   // and small numbers (20k steps, 3µ losses) instead of 20,000 or 3e-6.
   const AXIS = { exponentformat: "SI", automargin: true, tickfont: { size: 11 } };
 
+  // Drawing queue shared by every chart of the page: one frame draws the charts on screen first
+  // (top to bottom), then the rest, and yields to the browser whenever a task has run for ~50 ms so
+  // that the charts already drawn are painted and the page answers input while the others draw.
+  const queue = new Set();
+  let queued = false;
+  const SLICE_MS = 50;
+
+  function queueRender(chart) {
+    queue.add(chart);
+    if (queued) return;
+    queued = true;
+    if (global.requestAnimationFrame && !document.hidden) global.requestAnimationFrame(drain);
+    else setTimeout(drain, 50);
+  }
+
+  function drain() {
+    const start = performance.now();
+    const height = global.innerHeight || 800;
+    const order = Array.from(queue).map((c) => {
+      const top = c.el.getBoundingClientRect().top;
+      return { c: c, onScreen: top < height && top > -400, top: top };
+    });
+    order.sort((a, b) => (b.onScreen - a.onScreen) || (a.top - b.top));
+    for (const { c } of order) {
+      if (!queue.has(c)) continue;
+      queue.delete(c);
+      c.pending = false;
+      c.render();
+      if (queue.size && performance.now() - start > SLICE_MS) { setTimeout(drain, 0); return; }
+    }
+    queued = queue.size > 0;
+    if (queued) setTimeout(drain, 0);
+  }
+
   function sortedXY(map) {
     const xs = Array.from(map.keys()).sort((a, b) => a - b);
     return { x: xs, y: xs.map((k) => map.get(k)) };
@@ -89,9 +123,7 @@
     schedule() {
       if (this.pending || !this.visible) return;
       this.pending = true;
-      const run = () => { this.pending = false; this.render(); };
-      if (global.requestAnimationFrame && !document.hidden) global.requestAnimationFrame(run);
-      else setTimeout(run, 50);
+      queueRender(this);
     }
     traces() {
       const out = [];
@@ -119,8 +151,10 @@
       const layout = {
         margin: { l: 50, r: 10, t: 10, b: 35 }, hovermode: "x unified",
         legend: { orientation: "h", y: -0.2, font: { size: 11 } },
-        xaxis: Object.assign({ title: { text: "step", font: { size: 11 } }, nticks: 7 }, AXIS),
-        yaxis: Object.assign({ nticks: 6 }, AXIS),
+        // Both axes are numbers: saying so spares Plotly its type detection (it tries every value
+        // as a date, then as a category) on each draw.
+        xaxis: Object.assign({ title: { text: "step", font: { size: 11 } }, nticks: 7, type: "linear" }, AXIS),
+        yaxis: Object.assign({ nticks: 6, type: "linear" }, AXIS),
         uirevision: "keep", // keep the user's zoom across live updates
       };
       this.ignoreRelayout = true;

@@ -22,6 +22,8 @@
     attempts: 0,
     connected: false,
     messages: 0,
+    // The buttons the server rendered with the page: no fragment fetch until the status changes.
+    actionsKey: cfg.status + ":" + Boolean(cfg.cancel_requested),
   };
   const slider = document.getElementById("smoothing");
   const sliderValue = document.getElementById("smoothing-value");
@@ -260,7 +262,14 @@
       if (data.status) setStatus(data.status);
     })
     .catch((e) => wsState("could not load metrics: " + e.message, "down"))
-    .then(connect);
+    // Connect once the first charts are drawn: the websocket's catch-up then does not compete with
+    // the first paint for the CPU, and nothing is lost by waiting (it replays after the cursor).
+    .then(() => afterFirstDraw(connect));
+
+  function afterFirstDraw(fn) {
+    if (window.requestAnimationFrame && !document.hidden) window.requestAnimationFrame(() => setTimeout(fn, 0));
+    else setTimeout(fn, 0);
+  }
 
   window.grueRun = {
     state: state,
