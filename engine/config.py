@@ -575,6 +575,17 @@ class TrainConfig(Strict):
         return list(dict.fromkeys(value))
 
 
+#: Algorithms that cannot train sharded parameters (resources.strategy fsdp), with the reason.
+FSDP_UNSUPPORTED = {
+    "trpo": "its natural-gradient step works on one flat vector of every parameter (conjugate "
+    "gradient with Fisher-vector products from torch.autograd.grad, then a line search that writes the "
+    "flat vector back), which sharded parameters (DTensor shards, gradients reduce-scattered only by "
+    "FSDP's backward hooks) do not offer",
+    "nlpo": "its masking policy is a periodically refreshed deep copy of the policy, and sharded "
+    "modules cannot be deep-copied",
+}
+
+
 class ResourcesConfig(Strict):
     """What a run needs to run: read by the web app to route it to a worker that has it, and by
     ``torchrun`` launches (docs/engine.md "Distributed runs", docs/platform.md "Queues")."""
@@ -586,6 +597,14 @@ class ResourcesConfig(Strict):
         1, ge=1, le=1024, description="Processes (torchrun ranks) sharing the run's batch; 1 = no torchrun."
     )
     gpus_per_process: int = Field(0, ge=0, le=16, description="GPUs each process needs (devices: cuda).")
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description=(
+            "How several processes hold the model: 'ddp' = a full replica per process, gradients "
+            "averaged; 'fsdp' = parameters, gradients and optimizer state sharded per transformer "
+            "block (FSDP2 fully_shard), for models that do not fit one device. One process: no effect."
+        ),
+    )
     collective_timeout_s: float = Field(
         600.0,
         gt=0,
@@ -642,6 +661,20 @@ class RunConfig(Strict):
         )
         if causal and self.tokenizer.padding_side == "right":
             raise ValueError(RIGHT_PADDING_CAUSAL)
+        return self
+
+    @model_validator(mode="after")
+    def _fsdp_supported(self) -> RunConfig:
+        # docs/engine.md "Distributed runs", FSDP: what cannot run on sharded parameters, and why.
+        if self.resources.strategy != "fsdp":
+            return self
+        if self.algorithm.id in FSDP_UNSUPPORTED:
+            raise ValueError(
+                f"resources.strategy 'fsdp' does not support algorithm {self.algorithm.id!r}: "
+                f"{FSDP_UNSUPPORTED[self.algorithm.id]}; use strategy 'ddp'"
+            )
+        if self.model.lora.enabled:
+            raise ValueError("resources.strategy 'fsdp' does not support model.lora (use strategy 'ddp')")
         return self
 
     def to_dict(self) -> dict[str, Any]:

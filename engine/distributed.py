@@ -20,18 +20,36 @@ The split of the work (see docs/engine.md, "Distributed runs"):
   reducer computes, flattened into one bucket per call;
 * rank 0 alone writes the run directory, checkpoints and events; it alone asks ``should_stop`` and
   broadcasts the answer.
+
+With ``resources.strategy: fsdp`` the model is sharded instead of replicated (FSDP2
+``fully_shard`` per transformer block, :func:`shard_policy`): FSDP's own reduce-scatter averages
+the gradients (:func:`sync_gradients` steps aside), generation runs inside :func:`unsharded` (a rank
+stops generating when its own episodes end, which sharded forwards, each an all-gather, would not
+survive), and checkpoints hold gathered full state dicts (:func:`full_state`), the same files a
+DDP run writes for the policy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 
 class DistributedConfigError(ValueError):
@@ -48,6 +66,9 @@ class Group:
     backend: str | None = None
     #: True when :func:`setup` created the process group (and :func:`teardown` must destroy it).
     owned: bool = False
+    #: ``ddp`` (replicas) or ``fsdp`` (sharded); always ``ddp`` for one process.
+    strategy: str = "ddp"
+    device_type: str = "cpu"
 
     @property
     def active(self) -> bool:
@@ -56,6 +77,10 @@ class Group:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.active and self.strategy == "fsdp"
 
 
 _GROUP = Group()
@@ -73,15 +98,22 @@ def is_main() -> bool:
     return _GROUP.is_main
 
 
+def is_sharded() -> bool:
+    """True when this run's modules are FSDP-sharded (several processes, ``resources.strategy: fsdp``)."""
+    return _GROUP.sharded
+
+
 def launched_by_torchrun() -> bool:
     """True when the environment describes a multi-process launch (torchrun, torch.distributed.run)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def setup(device: torch.device, timeout_s: float) -> Group:
+def setup(device: torch.device, timeout_s: float, strategy: str = "ddp") -> Group:
     """Join the process group described by the environment; a no-op for one process.
 
     The backend follows the device: nccl for CUDA, gloo otherwise (``GRUE_DIST_BACKEND`` overrides).
+    ``strategy`` (``resources.strategy``) only matters with several processes: one process holds
+    the whole model either way, and every helper stays the identity.
     """
     global _GROUP
     if not launched_by_torchrun():
@@ -96,7 +128,7 @@ def setup(device: torch.device, timeout_s: float) -> Group:
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=float(timeout_s)))
         owned = True
-    _GROUP = Group(rank, world, local_rank, dist.get_backend(), owned)
+    _GROUP = Group(rank, world, local_rank, dist.get_backend(), owned, strategy, device.type)
     return _GROUP
 
 
@@ -230,8 +262,8 @@ def sync_gradients(params: list[torch.Tensor]) -> None:
     them skip the same step. A parameter without a gradient on every rank (an unused head) is skipped
     on every rank, because each rank runs the same code on the same model.
     """
-    if not _GROUP.active:
-        return
+    if not _GROUP.active or _GROUP.sharded:
+        return  # FSDP's backward already reduce-scattered (and averaged) every sharded gradient
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return
@@ -243,6 +275,131 @@ def sync_gradients(params: list[torch.Tensor]) -> None:
         n = g.numel()
         g.copy_(flat[offset : offset + n].view_as(g).to(g.device, g.dtype))
         offset += n
+
+
+# ----------------------------------------------------------------------------- FSDP (strategy fsdp)
+
+
+_MESH: Any = None
+
+
+def _mesh() -> Any:
+    """One 1-D device mesh over every rank (cached: FSDP groups of the same run share it)."""
+    global _MESH
+    if _MESH is None or _MESH.size() != _GROUP.world_size:
+        _MESH = init_device_mesh(_GROUP.device_type, (_GROUP.world_size,))
+    return _MESH
+
+
+def shard_module(module: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2-shard one HF model: each transformer block (the classes its ``_no_split_modules``
+    names, e.g. ``GPT2Block``, ``T5Block``) is its own group, all-gathered just before its forward
+    and freed after it; the rest (embeddings, tied LM head, final norm) forms the root group.
+    Parameters are always resharded after forward (``set_reshard_after_forward``, which
+    :func:`unsharded` toggles, then reads back the same setting on every group)."""
+    block_names = set(getattr(module, "_no_split_modules", None) or [])
+    mesh = _mesh()
+    for sub in list(module.modules()):
+        if sub is not module and type(sub).__name__ in block_names:
+            fully_shard(sub, mesh=mesh, reshard_after_forward=True)
+    fully_shard(module, mesh=mesh, reshard_after_forward=True)
+    return module
+
+
+def shard_policy(policy: torch.nn.Module) -> None:
+    """Shard an ``ActorCritic`` in place: the LM, a separate critic LM, and the value head each as
+    their own FSDP root, because the algorithms call them directly (``policy.lm`` for SFT and DPO,
+    ``forward_tokens`` for the rest) rather than through one ``forward`` of the container."""
+    shard_module(policy.lm)
+    if getattr(policy, "critic", None) is not None:
+        shard_module(policy.critic)
+    fully_shard(policy.value_head, mesh=_mesh(), reshard_after_forward=True)
+
+
+def _fsdp_modules(modules: tuple[Any, ...]) -> list[FSDPModule]:
+    out: list[FSDPModule] = []
+    for m in modules:
+        if isinstance(m, torch.nn.Module):
+            out.extend(x for x in m.modules() if isinstance(x, FSDPModule))
+    return out
+
+
+@contextlib.contextmanager
+def unsharded(*modules: Any) -> Iterator[None]:
+    """Every rank gathers the full parameters of ``modules`` once, then runs any number of forwards
+    without a collective: generation (a rank stops when its own episodes end, so ranks run different
+    numbers of steps) and rank 0's evaluation. Every rank must enter; a no-op unless sharded.
+    Costs one full copy of the modules' parameters per device for the duration."""
+    groups = _fsdp_modules(modules) if _GROUP.sharded else []
+    for g in groups:
+        g.unshard()
+        g.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        for g in groups:
+            g.reshard()
+            g.set_reshard_after_forward(True)
+
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state(module: torch.nn.Module) -> dict[str, Any]:
+    """The module's full state dict on rank 0's CPU (``{}`` on the other ranks). Sharded: a
+    collective every rank must call; otherwise ``module.state_dict()``."""
+    if not _GROUP.sharded:
+        return module.state_dict()
+    return get_model_state_dict(module, options=_FULL)
+
+
+def load_full_state(module: torch.nn.Module, state: dict[str, Any]) -> None:
+    """Load a full state dict (every rank passes the same one) into a sharded or plain module."""
+    if not _GROUP.sharded:
+        module.load_state_dict(state)
+        return
+    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
+
+
+def optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state: ``optimizer.state_dict()``, or sharded the full state keyed by
+    parameter name on rank 0 (a collective)."""
+    if not _GROUP.sharded:
+        return optimizer.state_dict()
+    return get_optimizer_state_dict(module, optimizer, options=_FULL)
+
+
+def load_optimizer_state(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    if not _GROUP.sharded:
+        optimizer.load_state_dict(state)
+        return
+    set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def sharded_frozen_copy(source: torch.nn.Module, fresh: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """A frozen, sharded copy of ``source`` (sharded modules cannot be deep-copied): ``fresh()``
+    loads a new module of the same architecture, which is sharded like ``source`` and receives
+    ``source``'s local shards (no gather). An unsharded ``source`` (a reference model just loaded
+    from its own path) is itself sharded and frozen."""
+    if isinstance(source, FSDPModule):
+        out = shard_module(fresh())
+        set_model_state_dict(out, get_model_state_dict(source))
+    else:
+        out = shard_module(source)
+    out.eval()
+    for p in out.parameters():
+        p.requires_grad_(False)
+    return out
+
+
+def unsharded_class_name(module: torch.nn.Module) -> str:
+    """The model's own class name (FSDP2 swaps in a subclass named ``FSDP<Name>``)."""
+    for cls in type(module).__mro__:
+        if not issubclass(cls, FSDPModule):
+            return cls.__name__
+    return type(module).__name__
 
 
 # ----------------------------------------------------------------------------- batch statistics

@@ -231,6 +231,11 @@ class Trainer:
         if distributed.current().rank > 0:
             _seed_all(_mix(cfg.train.seed, distributed.current().rank, 7))
         self.frozen_copy = frozen_copy
+        if distributed.is_sharded():  # resources.strategy fsdp: shards, not replicas
+            distributed.shard_policy(self.policy)
+            self.frozen_copy = lambda lm: distributed.sharded_frozen_copy(
+                lm, lambda: load_lm(path, self.kind, cfg.model.revision)
+            )
         self.algo = algorithms.build(cfg.algorithm.id, cfg=cfg.algorithm)
         self.ref_path = cfg.model.reference_name_or_path
         self.ref_lm: Any | None = None
@@ -312,10 +317,11 @@ class Trainer:
         return self.frozen_copy(self.policy.lm)
 
     def _policy_state(self) -> dict[str, Any]:
-        """What a checkpoint stores of the policy: everything, or with LoRA the adapter and value head."""
+        """What a checkpoint stores of the policy: everything, or with LoRA the adapter and value head.
+        Sharded (FSDP): the gathered full state dict, on rank 0 only; every rank must call this."""
         if self.lora:
             return trainable_state(self.policy)
-        return self.policy.state_dict()
+        return distributed.full_state(self.policy)
 
     def _setup_reference(self) -> None:
         if self.ref_lm is not None or not getattr(self.algo, "needs_reference", True):
@@ -330,6 +336,17 @@ class Trainer:
             return
         ref_file = self.run_dir / "checkpoints" / "reference.pt"
         self.ref_lm = self.frozen_copy(self.policy.lm)
+        if distributed.is_sharded():  # every rank loads, or gathers for rank 0 to save
+            if ref_file.exists() and self.resume_from:
+                distributed.load_full_state(
+                    self.ref_lm, torch.load(ref_file, map_location="cpu", weights_only=True)
+                )
+            elif self.sft_done and self.cfg.supervised.enabled:
+                state = distributed.full_state(self.ref_lm)
+                if distributed.is_main():
+                    ref_file.parent.mkdir(parents=True, exist_ok=True)
+                    torch.save(state, ref_file)
+            return
         # Only rank 0 writes the file; the other ranks hold the same weights already, and read the
         # file only when resuming (never while rank 0 may be writing it).
         if ref_file.exists() and (distributed.is_main() or self.resume_from):
@@ -346,8 +363,16 @@ class Trainer:
         name = f"{phase}-{(self.iteration if phase == 'rl' else self.sft_step):06d}"
         final = ck_root / name
         self.last_checkpoint = final
+        # Sharded (FSDP): every rank takes part in gathering the full states for rank 0.
+        policy_state = self._policy_state()
+        optimizer_state = (
+            distributed.optimizer_state(self.policy, self.optimizer) if self.optimizer is not None else None
+        )
+        sft_state = (
+            distributed.optimizer_state(self.policy.lm, sft_optimizer) if sft_optimizer is not None else None
+        )
         if not distributed.is_main():
-            return final  # rank 0 writes the (identical) state of every rank
+            return final  # rank 0 writes the (identical, or gathered) state of every rank
         tmp = ck_root / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -356,9 +381,11 @@ class Trainer:
             "iteration": self.iteration,
             "sft_step": self.sft_step,
             "sft_done": self.sft_done,
-            "policy": self._policy_state(),
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "sft_optimizer": sft_optimizer.state_dict() if sft_optimizer is not None else None,
+            "policy": policy_state,
+            "optimizer": optimizer_state,
+            "sft_optimizer": sft_state,
+            # optimizer states of FSDP runs are keyed by parameter name, DDP's by index
+            "strategy": "fsdp" if distributed.is_sharded() else "ddp",
             "kl": _plain(self.kl_ctl.state_dict()) if self.kl_ctl is not None else None,
             "algorithm": _plain(self.algo.state_dict()),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -385,17 +412,26 @@ class Trainer:
         return final
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        sharded = distributed.is_sharded()
         try:  # tensors and plain containers only: a pickle in a checkpoint must never run code
-            state = torch.load(path / STATE_FILE, map_location=self.device, weights_only=True)
+            state = torch.load(
+                path / STATE_FILE, map_location="cpu" if sharded else self.device, weights_only=True
+            )
         except Exception as exc:
             raise CheckpointError(
                 f"{path / STATE_FILE}: refusing to load: not a safe checkpoint (tensors and plain values "
                 f"only; tampered, or written by an older version): {str(exc).splitlines()[0][:300]}"
             ) from None
+        written = state.get("strategy", "ddp")
+        if written != ("fsdp" if sharded else "ddp"):
+            raise CheckpointError(
+                f"{path}: written with resources.strategy {written!r}; resume it with the same strategy "
+                "(the optimizer states of the two are stored differently)"
+            )
         if self.lora:
             load_trainable_state(self.policy, state["policy"])
         else:
-            self.policy.load_state_dict(state["policy"])
+            distributed.load_full_state(self.policy, state["policy"])
         self.iteration = int(state["iteration"])
         self.sft_step = int(state["sft_step"])
         self.sft_done = bool(state["sft_done"])
@@ -420,7 +456,7 @@ class Trainer:
             [p for p in self.policy.lm.parameters() if p.requires_grad], lr=sc.learning_rate, weight_decay=0.0
         )
         if resume_state is not None and resume_state.get("sft_optimizer") is not None:
-            opt.load_state_dict(resume_state["sft_optimizer"])
+            distributed.load_optimizer_state(self.policy.lm, opt, resume_state["sft_optimizer"])
         total = len(schedule)
         t_start = time.perf_counter()
         done_here = 0
@@ -463,8 +499,13 @@ class Trainer:
     def _eval(self, step: int, final: bool = False) -> dict[str, float]:
         """Generate on the eval split; all rows go to the sink at the end, ``log_samples`` rows before.
 
-        Distributed runs evaluate on rank 0 only (the others wait at their next collective).
+        Distributed runs evaluate on rank 0 only (the others wait at their next collective); sharded
+        ones first gather the whole policy on every rank, so rank 0 generates without collectives.
         """
+        with distributed.unsharded(self.policy):  # a no-op unless sharded
+            return self._eval_main(step, final)
+
+    def _eval_main(self, step: int, final: bool) -> dict[str, float]:
         if not distributed.is_main():
             return {}
         samples = self._eval_samples()
@@ -525,24 +566,27 @@ class Trainer:
         samples = samples[lo:hi]
         per_sample = distributed.is_active() or cfg.resources.processes > 1
         seeds = [_mix(cfg.train.seed, it, 1, i) for i in range(lo, hi)] if per_sample else None
-        batch = collect(
-            self.policy,
-            self.ref_lm,
-            self.tokenizer,
-            samples,
-            spec,
-            cfg.tokenizer.max_prompt_length,
-            cfg.rollout.batch_size,
-            self.device,
-            generator=gen,
-            masking_lm=self.algo.masking_model(),
-            autocast_dtype=self.amp,
-            timings=timings,
-            kl_estimator=cfg.kl.estimator,
-            # a one-step critic-free update scores the policy in its own forward (group.py)
-            score_policy=getattr(self.algo, "needs_rollout_scores", lambda n: True)(len(samples)),
-            sample_seeds=seeds,
-        )
+        # Sharded (FSDP): every rank gathers the whole policy once for generation, in which ranks
+        # run different numbers of steps (distributed.unsharded).
+        with distributed.unsharded(self.policy):
+            batch = collect(
+                self.policy,
+                self.ref_lm,
+                self.tokenizer,
+                samples,
+                spec,
+                cfg.tokenizer.max_prompt_length,
+                cfg.rollout.batch_size,
+                self.device,
+                generator=gen,
+                masking_lm=self.algo.masking_model(),
+                autocast_dtype=self.amp,
+                timings=timings,
+                kl_estimator=cfg.kl.estimator,
+                # a one-step critic-free update scores the policy in its own forward (group.py)
+                score_policy=getattr(self.algo, "needs_rollout_scores", lambda n: True)(len(samples)),
+                sample_seeds=seeds,
+            )
         t_reward = time.perf_counter()
         scores = self.reward_fn(batch.prompts, batch.generations, batch.references, batch.meta)
         task_r = torch.tensor([float(s) for s in scores], dtype=torch.float32, device=self.device)
@@ -721,7 +765,7 @@ class Trainer:
             self.optimizer = self._make_rl_optimizer()
             if resume_state is not None and resume_state["phase"] == "rl":
                 if resume_state.get("optimizer") is not None:
-                    self.optimizer.load_state_dict(resume_state["optimizer"])
+                    distributed.load_optimizer_state(self.policy, self.optimizer, resume_state["optimizer"])
                 if resume_state.get("kl") is not None:
                     self.kl_ctl.load_state_dict(resume_state["kl"])
                 self.algo.load_state_dict(resume_state.get("algorithm") or {})
@@ -795,23 +839,23 @@ class Trainer:
         )
 
     def save_model(self, out: Path) -> None:
-        """HF format (``from_pretrained`` works) plus the value head, for reuse as a warm start."""
+        """HF format (``from_pretrained`` works) plus the value head, for reuse as a warm start.
+        Sharded (FSDP): every rank gathers the full state dicts (a collective); rank 0 writes them."""
         from safetensors.torch import save_file
 
+        sharded = distributed.is_sharded()
+        lm_state = distributed.full_state(self.policy.lm) if sharded else None
+        head_state = distributed.full_state(self.policy.value_head)
         if not distributed.is_main():
             return
-
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         if self.lora:
             save_lora_model(self.policy.lm, tmp, self.cfg.model.lora.save)
         else:
-            self.policy.lm.save_pretrained(str(tmp))
+            self.policy.lm.save_pretrained(str(tmp), **({"state_dict": lm_state} if sharded else {}))
         self.tokenizer.save_pretrained(str(tmp))
-        save_file(
-            {k: v.contiguous() for k, v in self.policy.value_head.state_dict().items()},
-            str(tmp / "value_head.safetensors"),
-        )
+        save_file({k: v.contiguous() for k, v in head_state.items()}, str(tmp / "value_head.safetensors"))
         shutil.rmtree(out, ignore_errors=True)
         os.rename(tmp, out)
 
@@ -853,7 +897,9 @@ def train(
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     # Under torchrun: join the process group; only rank 0 writes the run directory and sends events.
-    distributed.setup(resolve_device(cfg.model.device), cfg.resources.collective_timeout_s)
+    distributed.setup(
+        resolve_device(cfg.model.device), cfg.resources.collective_timeout_s, cfg.resources.strategy
+    )
     main = distributed.is_main()
     run_sink = RunDirSink(run_dir) if main else None
     events = MultiSink(run_sink, sink) if main else NullSink()
