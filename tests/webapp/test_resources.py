@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 from django.urls import reverse
 
 from tests.conftest import status_of
@@ -37,7 +38,9 @@ def test_runs_go_to_a_worker_that_can_serve_their_devices(worker_factory, resear
     # this machine has no GPU) that consumes only the GPU queue it adds itself at start.
     env = {"CELERY_QUEUE": queue}
     cpu = worker_factory(queue=queue, extra_env={**env, "GRUE_WORKER_DEVICES": "cpu"})
-    gpu = worker_factory(queue=f"{queue}-idle", extra_env={**env, "GRUE_WORKER_DEVICES": "cuda"})
+    gpu = worker_factory(
+        queue=f"{queue}-idle", extra_env={**env, "GRUE_WORKER_DEVICES": "cuda", "GRUE_WORKER_GPUS": "2"}
+    )
     assert services.run_queue({"resources": {"devices": "cuda"}}) == f"{queue}-gpu"
 
     seen = wait_for(
@@ -51,8 +54,20 @@ def test_runs_go_to_a_worker_that_can_serve_their_devices(worker_factory, resear
     )
     assert seen[cpu.name]["devices"] == ["cpu"] and seen[gpu.name]["devices"] == ["cuda"]
     assert seen[cpu.name]["free"] == 1  # --concurrency=1, idle
+    # Slots of a GPU worker are counted in GPUs (GRUE_WORKER_GPUS overrides the detected 0).
+    assert (seen[gpu.name]["gpus"], seen[gpu.name]["free_gpus"]) == (2, 2)
+    assert seen[cpu.name]["gpus"] == 0
     gpu_config = tiny_run_config(2, "gpu-run", resources={"devices": "cuda"})
-    assert [w["name"] for w in workers.can_serve(list(seen.values()), gpu_config)] == [gpu.name]
+    live = list(seen.values())
+    assert [w["name"] for w in workers.can_serve(live, gpu_config)] == [gpu.name]
+    two_gpus = {"resources": {"devices": "cuda", "processes": 2, "gpus_per_process": 1}}
+    assert workers.gpus_needed(two_gpus) == 2
+    assert [w["name"] for w in workers.can_serve(live, two_gpus)] == [gpu.name]
+    assert workers.unservable_reason(live, two_gpus) is None
+    three_gpus = {"resources": {"devices": "cuda", "processes": 3, "gpus_per_process": 1}}
+    assert workers.can_serve(live, three_gpus) == []
+    reason = workers.unservable_reason(live, three_gpus)
+    assert "needs 3 GPUs" in reason and "has 2" in reason and "wait in its queue" in reason
 
     cpu_run = lifecycle.launch_run(tiny_run_config(2, "cpu-run"), user=researcher)
     gpu_run = lifecycle.launch_run(gpu_config, user=researcher)  # trains on the CPU here (model.device)
@@ -101,3 +116,15 @@ def test_workers_panel_and_where_a_run_runs(celery_worker, client, researcher):
     assert mine and mine[0]["devices"] == ["cpu"] and mine[0]["slots"] == 1
     run = services.create_run(tiny_run_config(2, "where", resources={"processes": 2}), user=researcher)
     assert "2 processes · cpu" in client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+
+
+def test_worker_gpu_count_override(monkeypatch):
+    monkeypatch.setenv("GRUE_WORKER_GPUS", "4")
+    assert workers.worker_gpus("cuda") == 4
+    monkeypatch.setenv("GRUE_WORKER_GPUS", "two")
+    with pytest.raises(ValueError, match="GRUE_WORKER_GPUS='two'"):
+        workers.worker_gpus("cuda")
+    monkeypatch.delenv("GRUE_WORKER_GPUS")
+    assert workers.worker_gpus("cpu") == 0
+    assert workers.worker_gpus("cuda") == torch.cuda.device_count()  # detected: 0 on a CPU machine
+    assert workers.unservable_reason([], {"resources": {"devices": "cuda"}}).startswith("no worker answered")

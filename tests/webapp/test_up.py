@@ -84,7 +84,8 @@ def test_up_starts_embedded_services_serves_and_stops_cleanly(wait_for):
 
 def _up_twice(data_dir: Path, wait_for) -> None:
     port = _free_port()
-    proc, out = _start_up(data_dir, port)
+    # One CPU worker and one GPU worker; no GPU here, so the GPU worker's count is given.
+    proc, out = _start_up(data_dir, port, "--gpu-workers", "1", "--gpus-per-worker", "2")
     try:
         wait_for(
             lambda: "GRUE Studio is up" in out.read_text() or proc.poll() is not None,
@@ -99,6 +100,18 @@ def _up_twice(data_dir: Path, wait_for) -> None:
         children = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
         assert "webapp.server" in names and "celery" in names and "watch_runs" in names
+        # The GPU worker consumes only the GPU queue and advertises 2 GPUs; the CPU worker only the CPU one.
+        gpu = _child(proc, "-n grue-gpu1@")
+        cpu = _child(proc, "-n grue1@")
+        assert gpu is not None and cpu is not None, names
+        queue = os.environ.get("CELERY_QUEUE", "runs")
+        assert gpu.cmdline()[gpu.cmdline().index("-Q") + 1] == f"{queue}-gpu"
+        assert gpu.environ()["GRUE_WORKER_DEVICES"] == "cuda" and gpu.environ()["GRUE_WORKER_GPUS"] == "2"
+        assert cpu.cmdline()[cpu.cmdline().index("-Q") + 1] == queue
+        assert cpu.environ()["GRUE_WORKER_DEVICES"] == "cpu"
+        assert "GPU worker grue-gpu1@" in text and "2 GPU(s)" in text
+        gpu_log = data_dir / "logs" / "gpu-worker1.log"
+        wait_for(lambda: "ready" in gpu_log.read_text(), timeout=120, what="the GPU worker ready")
         home = _login(port)
         assert "Log out" in home and "boss" in home
         services = (data_dir / "services.json").read_text()

@@ -86,22 +86,35 @@
   const list = document.getElementById("workers-list");
   const status = document.getElementById("workers-status");
   const devicesField = document.querySelector("[name='resources__devices']");
+  const processesField = document.querySelector("[name='resources__processes']");
+  const gpusField = document.querySelector("[name='resources__gpus_per_process']");
   let workers = [];
+  // GPUs the run needs on one worker: processes × gpus_per_process (webapp/runs/workers.py gpus_needed).
+  function gpusNeeded(wanted) {
+    if (wanted !== "cuda") return 0;
+    const procs = parseInt(processesField ? processesField.value : "1", 10) || 1;
+    const per = parseInt(gpusField ? gpusField.value : "0", 10) || 0;
+    return procs * per;
+  }
   function render() {
     const wanted = devicesField ? devicesField.value : "cpu";
+    const need = gpusNeeded(wanted);
     list.replaceChildren();
     let able = 0;
     workers.forEach((w) => {
       const li = document.createElement("li");
-      const fits = w.devices.includes(wanted);
+      const fits = w.devices.includes(wanted) && (w.gpus || 0) >= need;
       if (fits) able += 1;
       li.className = fits ? "worker-fits" : "muted";
-      li.textContent = `${w.name} — ${w.devices.join(", ")} — ${w.free} of ${w.slots} slot${w.slots === 1 ? "" : "s"} free`;
+      let text = `${w.name} — ${w.devices.join(", ")} — ${w.free} of ${w.slots} slot${w.slots === 1 ? "" : "s"} free`;
+      if (w.devices.includes("cuda")) text += ` — ${w.free_gpus || 0} of ${w.gpus || 0} GPU${w.gpus === 1 ? "" : "s"} free`;
+      li.textContent = text;
       list.appendChild(li);
     });
-    status.textContent = workers.length
-      ? `${able} of ${workers.length} worker${workers.length === 1 ? "" : "s"} can take a ${wanted} run.`
-      : "No worker answered: the run will wait in its queue until one starts.";
+    const what = need ? `${wanted} run needing ${need} GPU${need === 1 ? "" : "s"}` : `${wanted} run`;
+    if (!workers.length) status.textContent = "No worker answered: the run will wait in its queue until one starts.";
+    else if (able) status.textContent = `${able} of ${workers.length} worker${workers.length === 1 ? "" : "s"} can take a ${what}.`;
+    else status.textContent = `No live worker can take a ${what}: it will wait in its queue until one that fits joins.`;
   }
   fetch(card.dataset.url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
     .then((r) => r.json())
@@ -111,5 +124,6 @@
       else render();
     })
     .catch(() => { status.textContent = "Could not ask the workers."; });
+  [devicesField, processesField, gpusField].forEach((f) => { if (f) f.addEventListener("input", render); });
   if (devicesField) devicesField.addEventListener("change", render);
 })();

@@ -31,6 +31,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from webapp.private import PRIVATE_UMASK, ensure_private_dir
+from webapp.runs import services
 from webapp.security import is_loopback
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -69,6 +70,8 @@ class Child:
     restarts: int = 0
     backoff: float = 1.0
     restart_at: float | None = None
+    #: Variables this child gets on top of the shared environment (a GPU worker's devices and GPUs).
+    env: dict[str, str] | None = None
 
 
 class Command(BaseCommand):
@@ -84,6 +87,19 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("GRUE_PORT", "8000")))
         parser.add_argument("--workers", type=int, default=1, help="Celery worker processes (one run each)")
         parser.add_argument("--no-worker", action="store_true", help="web server (and watchdog) only")
+        parser.add_argument(
+            "--gpu-workers",
+            type=int,
+            default=0,
+            help="also start N GPU workers (queue <CELERY_QUEUE>-gpu only; one run at a time each)",
+        )
+        parser.add_argument(
+            "--gpus-per-worker",
+            type=int,
+            default=None,
+            help="GPUs each GPU worker owns (default: the detected GPUs split evenly; needed where none "
+            "is detected). Worker i sees its own CUDA_VISIBLE_DEVICES block when GPUs are detected",
+        )
         parser.add_argument(
             "--debug", action="store_true", help="Django DEBUG pages (development; loopback addresses only)"
         )
@@ -128,11 +144,14 @@ class Command(BaseCommand):
             py = sys.executable
             self._run([py, "manage.py", "migrate", "--noinput", "-v", "0"], migrate_env, "migrations")
             self._run([py, "manage.py", "grue_admin"], env, "admin account", echo=True)
-            self._run([py, "manage.py", "load_reference_runs"], env, "reference runs", echo=True)
             logs = ensure_private_dir(data_dir / "logs")
             self.logs = logs
             if not opts["no_worker"]:
-                for i in range(max(1, opts["workers"])):
+                self._add_gpu_workers(opts, logs)
+                # With dedicated GPU workers the others stay on the CPU queue (no GPU detection).
+                cpu_env = {"GRUE_WORKER_DEVICES": "cpu"} if opts["gpu_workers"] > 0 else None
+                n_cpu = max(0 if opts["gpu_workers"] > 0 else 1, opts["workers"])
+                for i in range(n_cpu):
                     name = f"grue{i + 1}@{socket.gethostname()}"
                     cmd = [
                         py,
@@ -149,7 +168,14 @@ class Command(BaseCommand):
                         name,
                         "--loglevel=INFO",
                     ]
-                    self.children.append(Child(f"worker {name}", cmd, logs / f"worker{i + 1}.log"))
+                    self.children.append(
+                        Child(
+                            f"worker {name}",
+                            cmd,
+                            logs / f"worker{i + 1}.log",
+                            env=cpu_env,
+                        )
+                    )
             self.children.append(
                 Child("run watchdog", [py, "manage.py", "watch_runs"], logs / "watchdog.log"),
             )
@@ -205,8 +231,45 @@ class Command(BaseCommand):
                 self._start(child, env)
                 self.say(f"{child.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
 
+    def _add_gpu_workers(self, opts: dict[str, Any], logs: Path) -> None:
+        """GPU workers: each consumes only the GPU run queue, advertises its GPUs
+        (``GRUE_WORKER_GPUS``, webapp/runs/workers.py) and, where GPUs are detected, sees only its
+        own block of them (``CUDA_VISIBLE_DEVICES``), so two workers never share a GPU."""
+        n = opts["gpu_workers"]
+        if n <= 0:
+            return
+        detected = _detected_gpus()
+        per = opts["gpus_per_worker"]
+        if per is None:
+            if detected < n:
+                raise CommandError(
+                    f"--gpu-workers {n}: {detected} GPU(s) detected; give --gpus-per-worker (GPUs each "
+                    "worker owns) or start fewer GPU workers"
+                )
+            per = detected // n
+        if per < 1:
+            raise CommandError("--gpus-per-worker must be at least 1")
+        if detected and n * per > detected:
+            raise CommandError(f"{n} GPU workers x {per} GPUs need {n * per} GPUs; {detected} detected")
+        queue = services.run_queue({"resources": {"devices": "cuda"}})
+        py = sys.executable
+        for i in range(n):
+            name = f"grue-gpu{i + 1}@{socket.gethostname()}"
+            env = {"GRUE_WORKER_DEVICES": "cuda", "GRUE_WORKER_GPUS": str(per)}
+            if detected:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(i * per, (i + 1) * per))
+            cmd = [py, "-m", "celery", "-A", "webapp", "worker", "--pool=solo", "--concurrency=1"]
+            cmd += ["-Q", queue, "-n", name, "--loglevel=INFO"]
+            self.children.append(Child(f"GPU worker {name}", cmd, logs / f"gpu-worker{i + 1}.log", env=env))
+            self.say(
+                f"GPU worker {name}: {per} GPU(s)"
+                + (f", CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if detected else "")
+            )
+
     def _start(self, child: Child, env: dict[str, str]) -> None:
         fh = child.log.open("a")
+        if child.env:
+            env = {**env, **child.env}
         try:
             child.proc = subprocess.Popen(
                 child.cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
@@ -255,6 +318,21 @@ class Command(BaseCommand):
                     return
             time.sleep(0.2)
         raise CommandError(f"the web server did not listen on {host}:{port} within 120 s; see {web.log}")
+
+
+def _detected_gpus() -> int:
+    """GPUs on this machine, asked in a child process so that ``up`` itself never loads torch (nor
+    initialises CUDA before the workers fork)."""
+    res = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    try:
+        return int(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return 0
 
 
 def _kill_group(pgid: int, sig: int) -> None:
