@@ -140,3 +140,30 @@ def test_admin_shows_config_run_dir_and_resume_from_read_only(
     assert run.name == "renamed"  # an editable field changed ...
     assert run.config["model"]["name_or_path"] == "builtin:tiny-gpt2"  # ... the read-only ones did not
     assert run.run_dir == "/srv/runs/run-x" and run.resume_from == "/srv/runs/run-x"
+
+
+@pytest.mark.django_db
+def test_series_answers_gzip_with_the_status_of_one_run_read(
+    researcher_client: Client, researcher: Any
+) -> None:
+    """The chart data is compressed for browsers that accept gzip and carries the run's status
+    from the same row read as the 404 check (not a second read)."""
+    import gzip
+
+    run = services.create_run(TINY, user=researcher)
+    services.ingest_metrics(
+        run.pk, [(k, s, s / 7) for k in ("train/reward_mean", "loss/policy") for s in range(3000)]
+    )
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.FAILED, error="boom", progress=0.5)
+    url = f"/runs/{run.pk}/series.json?max_points=1000"
+    packed = researcher_client.get(url, HTTP_ACCEPT_ENCODING="gzip")
+    assert packed.status_code == 200 and packed["Content-Encoding"] == "gzip"
+    plain = researcher_client.get(url)
+    assert not plain.has_header("Content-Encoding")
+    body = json.loads(gzip.decompress(packed.content))
+    assert body == json.loads(plain.content)
+    assert len(packed.content) < len(plain.content) / 2
+    assert body["status"]["status"] == "failed" and body["status"]["error"] == "boom"
+    assert body["status"]["progress"] == 0.5 and body["run"] == {"id": run.pk, "name": run.name}
+    assert set(body["series"]) == {"train/reward_mean", "loss/policy"}
+    assert researcher_client.get("/runs/999999/series.json").status_code == 404

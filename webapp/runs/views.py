@@ -24,6 +24,7 @@ from django.http import (
 )
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from engine.config import ConfigError, parse_config
@@ -409,6 +410,7 @@ _STATUS_FIELDS = (
 
 @researcher_required
 @require_GET
+@gzip_page  # the first paint's overview of 20 series: 230 kB of JSON, 21 kB gzip-compressed
 def run_series(request: HttpRequest, pk: int) -> HttpResponse:
     """Chart data. The cursor is read BEFORE the series so that the websocket catch-up from it can
     only repeat points (the browser dedupes by key and step), never miss one.
