@@ -128,7 +128,7 @@ BUDGETS: dict[str, Budget] = {
         n_iters=30,
         prompts_per_iter=16,
         max_new_tokens=48,
-        rl_learning_rate=5e-6,
+        rl_learning_rate=1e-5,
         n_epochs=4,
         minibatch_size=4,
         eval_every=5,
@@ -846,18 +846,17 @@ _PALETTE = {
 }
 
 
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def _ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
+    """Round tick values from at or below ``lo`` to at or above ``hi`` (whole numbers with ``integer``)."""
     if hi <= lo:
         hi = lo + (abs(lo) or 1.0)
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.floor(lo / step) * step
-    out, v = [], start
-    while v <= hi + step * 1e-9:
-        out.append(round(v, 12))
-        v += step
-    return out
+    if integer:
+        step = max(1, round(step))
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return [round(i * step, 12) for i in range(first, last + 1)]
 
 
 def svg_chart(title: str, data: dict[str, Any], width: int = 640, height: int = 360) -> str:
@@ -902,7 +901,7 @@ def svg_chart(title: str, data: dict[str, Any], width: int = 640, height: int = 
     for t in yt:
         parts.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>')
         parts.append(f'<text x="{ml - 5}" y="{py(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
-    for t in _ticks(x0, x1):
+    for t in _ticks(x0, x1, integer=True):
         if x0 <= t <= x1:
             parts.append(f'<text x="{px(t):.1f}" y="{mt + ph + 15}" text-anchor="middle">{t:g}</text>')
     parts.append(f'<text x="{ml + pw / 2}" y="{height - 8}" text-anchor="middle">iteration</text>')
@@ -930,8 +929,9 @@ def svg_chart(title: str, data: dict[str, Any], width: int = 640, height: int = 
             line = " ".join(f"{px(s):.1f},{py(m):.1f}" for s, m, _sd in pts)
             parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2"/>')
         ly = mt + 12 + i * 16
+        dash = ' stroke-dasharray="5,4"' if len(pts) == 1 else ""
         parts.append(
-            f'<line x1="{ml + pw + 10}" x2="{ml + pw + 30}" y1="{ly - 4}" y2="{ly - 4}" stroke="{colour}" stroke-width="2"/>'
+            f'<line x1="{ml + pw + 10}" x2="{ml + pw + 30}" y1="{ly - 4}" y2="{ly - 4}" stroke="{colour}" stroke-width="2"{dash}/>'
         )
         parts.append(f'<text x="{ml + pw + 35}" y="{ly}">{esc(ALGORITHM_LABELS.get(cell, cell))}</text>')
     parts.append("</svg>")
