@@ -133,10 +133,11 @@ def setup(device: torch.device, timeout_s: float, strategy: str = "ddp") -> Grou
 
 
 def teardown() -> None:
-    global _GROUP
+    global _GROUP, _MESH
     if _GROUP.owned and dist.is_initialized():
         dist.destroy_process_group()
     _GROUP = Group()
+    _MESH = None  # the mesh belongs to the process group just destroyed
 
 
 def device_for(device: torch.device) -> torch.device:

@@ -17,7 +17,7 @@ from django.urls import reverse
 from tests.conftest import status_of
 from tests.helpers import tiny_run_config
 from webapp.celery import app as celery_app
-from webapp.runs import lifecycle, services, workers
+from webapp.runs import launcher, lifecycle, services, workers
 from webapp.runs.models import MetricPoint, Run, RunLog, RunStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -128,3 +128,15 @@ def test_worker_gpu_count_override(monkeypatch):
     assert workers.worker_gpus("cpu") == 0
     assert workers.worker_gpus("cuda") == torch.cuda.device_count()  # detected: 0 on a CPU machine
     assert workers.unservable_reason([], {"resources": {"devices": "cuda"}}).startswith("no worker answered")
+
+
+def test_a_worker_with_too_few_gpus_refuses_the_launch(monkeypatch, tmp_path):
+    """Checked before torchrun starts: nothing is launched, the message has both numbers."""
+    monkeypatch.setenv("GRUE_WORKER_GPUS", "2")
+    config = tiny_run_config(
+        2, "too-big", resources={"devices": "cuda", "processes": 3, "gpus_per_process": 1}
+    )
+    config["train"]["output_dir"] = str(tmp_path / "run")
+    with pytest.raises(launcher.LaunchFailed, match=r"needs 3 GPUs .* this worker has 2"):
+        launcher.run_distributed(1, config, None, lambda: False, grace_s=1)
+    assert not (tmp_path / "run" / launcher.LOG_FILE).exists()  # torchrun never started

@@ -14,7 +14,10 @@ webapp.runs.rank_main RUN_ID CONFIG`` in a process group of its own and supervis
 * cancel: rank 0 sees the cancel flag at its next step and stops with a checkpoint; if the launch
   has not ended ``GRUE_CANCEL_GRACE_S`` seconds later, the whole process group is killed;
 * the launch's exit status decides the outcome: rank 0 leaves the engine's summary in the run
-  directory; a non-zero exit fails the run with the tail of torchrun's output.
+  directory; a non-zero exit fails the run with the tail of torchrun's output;
+* a run that needs more GPUs than this worker has (``resources.processes × gpus_per_process``
+  against ``GRUE_WORKER_GPUS`` or the detected count, webapp/runs/workers.py) fails before
+  torchrun starts, with both numbers, instead of with a CUDA error from one of its ranks.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from webapp.runs import workers
 
 SUMMARY_FILE = "launch-summary.json"
 CONFIG_FILE = "launch-config.json"
@@ -78,6 +83,14 @@ def run_distributed(
     poll_s: float = 1.0,
 ) -> dict[str, Any]:
     """Launch the run on ``resources.processes`` local processes and wait for it; the engine's summary."""
+    need = workers.gpus_needed(config)
+    if need:
+        have = workers.worker_gpus("cuda")
+        if need > have:
+            raise LaunchFailed(
+                f"the run needs {need} GPUs (resources.processes × gpus_per_process) on one worker and "
+                f"this worker has {have} (GRUE_WORKER_GPUS or detected): it cannot start here"
+            )
     run_dir = Path(config["train"]["output_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / CONFIG_FILE
