@@ -93,11 +93,11 @@ def test_csrf_enforced_on_login(researcher, password_of):
 def test_plotly_bundle_served_from_the_wheel(client):
     r = client.get("/static/vendor/plotly.min.js")
     assert r.status_code == 200 and r["Content-Type"] == "application/javascript"
-    head = b"".join(r.streaming_content)[:2000]
+    head = r.content[:2000]
     assert b"plotly" in head.lower()
 
 
 def test_static_css_served(client):
     r = client.get("/static/css/app.css")
-    assert r.status_code == 200 and b"--accent" in b"".join(r.streaming_content)
+    assert r.status_code == 200 and b"--accent" in r.content
     assert client.get("/static/../settings.py").status_code == 404
