@@ -14,7 +14,9 @@ so the critic update moves only the value head (SB3-contrib drops the gradients 
 with the actor, "otherwise it defeats the purpose of the KL constraint"); a separate critic is fitted
 whole. Both the KL and the surrogate use the distribution actually sampled from (temperature, top-k,
 top-p, NLPO mask: the rollout's stored support), and both steps run with dropout off, so the line
-search compares the exact same function it measured (RL4LMs's policy also stays in eval mode).
+search compares the exact same function it measured (RL4LMs's policy also stays in eval mode). That
+KL is over the *rollout's* support: tokens outside it can still enter the next rollout's top-k, which
+no KL of the two distributions bounds (docs/engine.md, "TRPO", measures it on the tiny GPT-2).
 
 Second derivatives need attention kernels that support double backward: the natural-gradient
 forward runs under PyTorch's math SDPA kernel. The whole (sub-sampled) batch is one graph, as in
