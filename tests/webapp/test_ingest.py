@@ -1,5 +1,5 @@
-"""Bulk metric ingestion (COPY into a temp table + INSERT … ON CONFLICT DO NOTHING, with the min/max
-rollup) and the recorder that stores a run's events in batches from a background thread."""
+"""Bulk metric ingestion (binary COPY of one chunk per key and batch, idempotent on run/key/step, with
+the min/max rollup) and the recorder that stores a run's events in batches from a background thread."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from webapp.runs import ingest, lifecycle, queries, services
-from webapp.runs.models import MetricPoint, Run, RunStatus
+from webapp.runs.models import MetricChunk, MetricPoint, Run, RunStatus
 from webapp.runs.recorder import Recorder
 
 
@@ -25,8 +25,19 @@ def test_bulk_copy_inserts_everything_and_returns_cursor_ids(run):
     res = services.ingest_metrics(run.pk, pts)
     assert res.received == 20_000 and len(res.inserted) == 20_000 and res.duplicates == 0
     ids = [r[0] for r in res.inserted]
-    assert ids == sorted(ids) and len(set(ids)) == 20_000
-    assert MetricPoint.objects.filter(run=run).count() == 20_000
+    assert [(k, s, v) for _i, k, s, v in res.inserted] == pts  # in the order given
+    assert len(set(ids)) == 20_000
+    # cursor ids: increasing per key with the step, and a later batch's ids above every earlier id
+    for key in {k for k, _s, _v in pts}:
+        assert [i for i, k, _s, _v in res.inserted if k == key] == sorted(
+            i for i, k, _s, _v in res.inserted if k == key
+        )
+    later = services.ingest_metrics(run.pk, [("k0", 10_000, 1.0), ("new", 0, 2.0)])
+    assert min(i for i, *_ in later.inserted) > max(ids)
+    assert queries.metric_cursor(run.pk) == max(i for i, *_ in later.inserted)
+    assert [p["id"] for p in queries.metrics_after(run.pk, max(ids))] == sorted(i for i, *_ in later.inserted)
+    assert MetricPoint.objects.filter(run=run).count() == 20_002
+    assert MetricPoint.objects.filter(run=run, id__in=ids).count() == 20_000  # the view shows the same ids
     assert MetricPoint.objects.get(run=run, key="k3", step=10).value == pytest.approx((10 * 5 + 3) * 0.5)
 
 
@@ -68,13 +79,9 @@ def test_failed_batch_rolls_back_and_retry_creates_no_duplicates(transactional_d
     services.ingest_metrics(run.pk, good[:30])  # partial success, then the whole batch is retried
     services.ingest_metrics(run.pk, good)
     assert MetricPoint.objects.filter(run=run).count() == 50
-    # the temp table is per transaction: nothing is left behind between batches
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT to_regclass('pg_temp._grue_metric_in') IS NULL OR "
-            "(SELECT count(*) FROM _grue_metric_in) = 0"
-        )
-        assert cur.fetchone()[0]
+    # the retry stored only the 20 missing steps, as one chunk after the first one
+    chunks = list(MetricChunk.objects.filter(run=run).order_by("id").values_list("first_step", "last_step"))
+    assert chunks == [(0, 29), (30, 49)]
 
 
 def test_deleting_a_run_while_a_batch_is_being_stored_leaves_no_orphan_points(transactional_db, wait_for):
@@ -219,8 +226,10 @@ def _backend_pid() -> int:
 
 
 def test_rollup_from_the_batch_in_hand_equals_the_rollup_computed_by_sql_from_stored_points(run):
-    """The fast path aggregates level 0 in Python (``ingest._level0``); the idempotent path in SQL.
-    Both must give the same buckets: ties, null, NaN and infinities included, over several batches."""
+    """The ingest aggregates every rollup level in Python (``ingest._rollup_levels``: new buckets
+    copied, buckets that may hold stored points merged); ``ingest._rollup_sql`` computes them in SQL
+    from the stored points. Both must agree: ties, null, NaN and infinities included, over batches
+    that extend, revisit, reverse and interleave a key's steps."""
     rng = random.Random(7)
     specials = [None, float("nan"), float("inf"), -float("inf"), 0.5, 0.5]
     for start in (0, 700, 1500):
@@ -230,6 +239,14 @@ def test_rollup_from_the_batch_in_hand_equals_the_rollup_computed_by_sql_from_st
                 v = rng.choice(specials) if rng.random() < 0.2 else round(rng.gauss(0, 1), 1)  # many ties
                 pts.append((key, step, v))
         services.ingest_metrics(run.pk, pts)
+    # The merging path too: a batch that revisits stored steps, fills the gap 1400-1499, goes past
+    # the tail, backwards, and repeats a step (only its new points count); and a key whose second
+    # batch interleaves with its first.
+    back = [("a", s, rng.gauss(0, 1)) for s in range(2300, 1350, -1)] + [("a", 2200, 99.0)]
+    services.ingest_metrics(run.pk, back + [("gap", s, float(s % 7)) for s in range(0, 3000, 2)])
+    services.ingest_metrics(run.pk, [("gap", s, -float(s % 5)) for s in range(1, 3000, 2)])
+    assert MetricPoint.objects.filter(run=run, key="a").count() == 2301
+    assert MetricPoint.objects.filter(run=run, key="gap").count() == 3000
     cols = "key, level, bucket, n, min_value, min_step, max_value, max_step"
 
     def rollup() -> list[tuple]:

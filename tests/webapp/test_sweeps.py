@@ -8,12 +8,12 @@ import json
 import pytest
 import yaml
 from django.urls import reverse
-from django.utils import timezone
 
 from tests.conftest import queued_messages
 from tests.helpers import tiny_run_config
 from webapp.runs import sweeps
-from webapp.runs.models import MetricPoint, Run, RunStatus
+from webapp.runs.ingest import ingest_metrics
+from webapp.runs.models import Run, RunStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,14 +51,9 @@ def test_sweep_queues_a_tagged_group_and_its_page_shows_values_and_final_metric(
     assert sorted(m["headers"]["argsrepr"] for m in queued_messages(scratch_queue)) == sorted(
         f"[{r.pk}]" for r in runs
     )
-    now = timezone.now()
-    MetricPoint.objects.bulk_create(
-        [
-            MetricPoint(run=runs[0], key="train/reward_mean", step=1, value=0.1, time=now),
-            MetricPoint(run=runs[0], key="train/reward_mean", step=2, value=0.25, time=now),
-            MetricPoint(run=runs[1], key="train/reward_mean", step=1, value=0.5, time=now),
-        ]
-    )
+    # Metric points are written through the ingest (the MetricPoint model is a read-only view).
+    ingest_metrics(runs[0].pk, [("train/reward_mean", 2, 0.25), ("train/reward_mean", 1, 0.1)])
+    ingest_metrics(runs[1].pk, [("train/reward_mean", 1, 0.5)])
     page = researcher_client.get(resp.url)
     assert page.status_code == 200
     html = page.content.decode()

@@ -538,7 +538,8 @@ def delete_run(run: Run, *, delete_files: bool = False) -> str | None:
     run_id = run.pk
     with transaction.atomic():
         # FOR UPDATE waits for batches being stored (they hold KEY SHARE, see ingest._lock_run) and
-        # keeps new ones out until the run and its points are gone: metric points have no FK constraint.
+        # keeps new ones out until the run and its points are gone: metric chunks and rollups have no
+        # FK constraint (Django's cascade deletes them with the run).
         list(Run.objects.select_for_update().filter(pk=run_id).values_list("pk", flat=True))
         run.delete()
     if target is not None:

@@ -1,8 +1,9 @@
 """Database rows of the experiment manager.
 
-``MetricPoint.id`` is a BigAutoField used as the cursor of live updates: a browser that
-(re)connects asks for ids greater than the last one it saw, so nothing is lost or repeated.
-Metric points are unique per (run, key, step) so replayed batches are idempotent.
+``MetricPoint.id`` is the cursor of live updates: a browser that (re)connects asks for ids greater
+than the last one it saw, so nothing is lost or repeated. Metric points are stored in chunks
+(``MetricChunk``, one row per run/key/write) and read through the ``MetricPoint`` view; they are
+unique per (run, key, step) so replayed batches are idempotent.
 """
 
 from __future__ import annotations
@@ -118,15 +119,49 @@ def group_name(run_id: int) -> str:
     return f"run-{run_id}"
 
 
-class MetricPoint(models.Model):
+# A chunk holds at most this many points: the view's point id is ``chunk id * CHUNK_POINTS + ordinal``.
+CHUNK_POINTS = 65_536
+CHUNK_SHIFT = 16
+
+
+class MetricChunk(models.Model):
+    """The stored form of metric points (issue #15): one row per (run, key, write) holding that
+    write's points as arrays, steps strictly increasing inside a chunk. One row per point capped the
+    ingest at PostgreSQL's per-row cost (two btree entries, a heap tuple and a rollup read-back per
+    point, ~100k rows/s on an AVX2 server); a chunk of 500 points costs about as much as one row.
+    Readers see points through ``MetricPoint`` (a view that unnests the chunks); only
+    ``webapp.runs.ingest`` writes chunks.
+    """
+
     id = models.BigAutoField(primary_key=True)
-    # No database FK constraint and no index of its own (issue #15): a deferred FK check costs a trigger
-    # per inserted point (a third of the server's ingest work) and ``run_id`` leads both indexes below.
-    # Integrity is kept by locking instead: every writer takes the run row's KEY SHARE lock in its
-    # transaction (``ingest._lock_run``) and ``lifecycle.delete_run`` locks the row FOR UPDATE before
-    # deleting, so no point can be committed for a run that is being or has been deleted.
+    # No database FK constraint (as the per-point table before): integrity by locking, see
+    # ``ingest._lock_run`` and ``lifecycle.delete_run``. Django still cascades the delete of a run.
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="metric_points", db_constraint=False, db_index=False
+        Run, on_delete=models.CASCADE, related_name="metric_chunks", db_constraint=False, db_index=False
+    )
+    key = models.CharField(max_length=200)
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+    steps = ArrayField(models.BigIntegerField())
+    vals = ArrayField(models.FloatField(null=True))
+    times = ArrayField(models.DateTimeField())
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["run", "key", "last_step"], name="chunk_run_key_last_idx"),
+            models.Index(fields=["run", "id"], name="chunk_run_id_idx"),
+        ]
+
+
+class MetricPoint(models.Model):
+    """One metric point, read from the SQL view ``runs_metricpoint`` over ``MetricChunk`` (read only:
+    write through ``webapp.runs.ingest.ingest_metrics``). ``id`` is ``chunk id << 16 | ordinal - 1``:
+    it grows in insertion order within a run (the writers of a run are serialized), so it stays the
+    cursor of live updates. Points are unique per (run, key, step) by construction of the writer."""
+
+    id = models.BigIntegerField(primary_key=True)
+    run = models.ForeignKey(
+        Run, on_delete=models.DO_NOTHING, related_name="metric_points", db_constraint=False, db_index=False
     )
     key = models.CharField(max_length=200)
     step = models.BigIntegerField()
@@ -134,10 +169,8 @@ class MetricPoint(models.Model):
     time = models.DateTimeField()
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["run", "key", "step"], name="metric_run_key_step_uniq")
-        ]
-        indexes = [models.Index(fields=["run", "id"], name="metric_run_id_idx")]
+        managed = False
+        db_table = "runs_metricpoint"
 
 
 class Sample(models.Model):
@@ -210,7 +243,12 @@ class MetricRollup(models.Model):
     ``ROLLUP_BASE * ROLLUP_FACTOR**l`` steps wide and aligned at multiples of the width."""
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_rollups")
+    # No FK constraint and no index of its own, as ``MetricChunk.run`` (issue #15): the deferred FK
+    # trigger per row was most of the server's rollup work (~800 rows per 10k points), and the unique
+    # constraint below leads with ``run_id``. The writers' run-row lock keeps integrity.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="metric_rollups", db_constraint=False, db_index=False
+    )
     key = models.CharField(max_length=200)
     level = models.SmallIntegerField()
     bucket = models.BigIntegerField()

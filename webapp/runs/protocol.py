@@ -27,7 +27,7 @@ run, 4409 a second subscribe on one connection. The browser stops reconnecting o
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -83,6 +83,22 @@ def metric_points(rows: Iterable[tuple[int, str, int, float | None]]) -> list[di
     return [
         {"id": i, "key": k, "step": s, "value": v if v is None or fin(v) else None} for i, k, s, v in rows
     ]
+
+
+def stored_metric_points(
+    points: Iterable[tuple[str, int, float | None]], ids: Mapping[str, Iterator[int | None]]
+) -> list[dict[str, Any]]:
+    """``metric_point`` for the points of one recorder event that were stored: ``points`` as the
+    engine emitted them ``(key, step, value)``, ``ids[key]`` yields the id of each point of that key
+    in emission order (None: not stored, the run had that step already). Inlined as
+    ``metric_points``: 10,000 per flush."""
+    fin = math.isfinite
+    out = []
+    for k, s, v in points:
+        i = next(ids[k])
+        if i is not None:
+            out.append({"id": i, "key": k, "step": s, "value": v if v is None or fin(v) else None})
+    return out
 
 
 def metrics_message(rows: Iterable[tuple[int, str, int, float | None]]) -> dict[str, Any]:

@@ -22,7 +22,16 @@ from django.db.models.functions import Cast
 
 from webapp import csvsafe
 from webapp.runs.ingest import ROLLUP_LEVELS, rollup_width
-from webapp.runs.models import MetricPoint, MetricRollup, Run, RunLog, RunStatus, Sample
+from webapp.runs.models import (
+    CHUNK_SHIFT,
+    MetricChunk,
+    MetricPoint,
+    MetricRollup,
+    Run,
+    RunLog,
+    RunStatus,
+    Sample,
+)
 from webapp.runs.protocol import clean_float, log_line, metric_point, sample_row, status_message
 
 log = logging.getLogger(__name__)
@@ -171,9 +180,9 @@ def metric_keys(run_ids: int | Iterable[int]) -> list[str]:
     ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
     if not ids:
         return []
-    # Loose index scan on the (run, key, step) index: one probe per distinct key, not a scan of
-    # every point (a run with 100k points and 20 keys costs 21 index probes).
-    table = MetricPoint._meta.db_table
+    # Loose index scan on the chunks' (run, key, last_step) index: one probe per distinct key, not a
+    # scan of every chunk (a run with 20 keys costs 21 index probes).
+    table = _CHUNKS
     keys: set[str] = set()
     with connection.cursor() as cur:
         for rid in ids:
@@ -195,6 +204,44 @@ def metric_keys(run_ids: int | Iterable[int]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- metric series
+
+_CHUNKS = MetricChunk._meta.db_table
+
+
+def _points_of_key(x0: int | None, x1: int | None) -> tuple[str, list[Any]]:
+    """A FROM item with the (step, value) points of one run's key, reading only the chunks that
+    overlap ``[x0, x1]`` (either end may be None), and the parameters that follow run id and key."""
+    chunk_where, point_where, args = "", [], []
+    if x0 is not None:
+        chunk_where += " AND c.last_step >= %s"
+        args.append(x0)
+    if x1 is not None:
+        chunk_where += " AND c.first_step <= %s"
+        args.append(x1)
+    if x0 is not None:
+        point_where.append("p.step >= %s")
+        args.append(x0)
+    if x1 is not None:
+        point_where.append("p.step <= %s")
+        args.append(x1)
+    where = (" WHERE " + " AND ".join(point_where)) if point_where else ""
+    return (
+        f"(SELECT u.step, u.value FROM {_CHUNKS} c CROSS JOIN LATERAL unnest(c.steps, c.vals) AS u(step, value)"
+        f" WHERE c.run_id = %s AND c.key = %s{chunk_where}) AS p{where}",
+        args,
+    )
+
+
+def _points_at(cur: Any, run_id: int, key: str, steps: list[int]) -> list[tuple[int, float | None]]:
+    """(step, value) of the given steps of one key, unnesting only the chunks whose step range holds
+    one of them (the first and last step of a series: two chunks, not the whole series)."""
+    cur.execute(
+        f"SELECT u.step, u.value FROM unnest(%s::int8[]) AS q(s) JOIN {_CHUNKS} c "
+        "ON c.run_id = %s AND c.key = %s AND c.last_step >= q.s AND c.first_step <= q.s "
+        "CROSS JOIN LATERAL unnest(c.steps, c.vals) AS u(step, value) WHERE u.step = q.s",
+        [list(dict.fromkeys(steps)), run_id, key],
+    )
+    return cur.fetchall()
 
 
 # Points per series in a run page's first paint: 500 min/max buckets, more than a chart's pixel width.
@@ -222,24 +269,24 @@ def metric_series(
     chart is computed once and a live run's chart is recomputed only when it has new points.
     """
     max_points = max(8, int(max_points))
-    table = MetricPoint._meta.db_table
-    where = "run_id = %s AND key = %s"
-    args: list[Any] = [run_id, key]
-    if x0 is not None:
-        where += " AND step >= %s"
-        args.append(math.ceil(float(x0)))
-    if x1 is not None:
-        where += " AND step <= %s"
-        args.append(math.floor(float(x1)))
+    lo_arg = None if x0 is None else math.ceil(float(x0))
+    hi_arg = None if x1 is None else math.floor(float(x1))
+    src, src_args = _points_of_key(lo_arg, hi_arg)
+    args: list[Any] = [run_id, key, *src_args]
     version, run_ident = _version or _series_version(run_id)
-    ident = [run_ident, key, max_points, args[2:], version]
+    ident = [run_ident, key, max_points, [a for a in (lo_arg, hi_arg) if a is not None], version]
     ck = "grue:series:" + hashlib.sha1(json.dumps(ident).encode()).hexdigest()
     cached = _cache_get(ck)
     if cached is not None:
         return cached
     with connection.cursor() as cur:
-        # Both ends come from the (run, key, step) index: no scan.
-        cur.execute(f"SELECT min(step), max(step) FROM {table} WHERE {where}", args)
+        if x0 is None and x1 is None:  # both ends from the chunks' step ranges: no point is read
+            cur.execute(
+                f"SELECT min(first_step), max(last_step) FROM {_CHUNKS} WHERE run_id = %s AND key = %s",
+                [run_id, key],
+            )
+        else:
+            cur.execute(f"SELECT min(step), max(step) FROM {src}", args)
         lo, hi = cur.fetchone()
         pts: list[tuple[int, float | None]] = []
         downsampled = False
@@ -260,7 +307,7 @@ def metric_series(
                 f"""
                 SELECT count(*), min(ARRAY[value, step::float8]) FILTER (WHERE {ok}),
                        max(ARRAY[value, step::float8]) FILTER (WHERE {ok})
-                FROM {table} WHERE {where} GROUP BY (step - %s) / %s
+                FROM {src} GROUP BY (step - %s) / %s
                 """,
                 [*args, lo, width],
             )
@@ -273,15 +320,11 @@ def metric_series(
                     for pair in (mn, mx):
                         if pair is not None:
                             chosen[int(pair[1])] = pair[0]
-                cur.execute(
-                    f"SELECT step, value FROM {table} WHERE run_id = %s AND key = %s AND step = ANY(%s)",
-                    [run_id, key, [lo, hi]],
-                )
-                for step, value in cur.fetchall():
+                for step, value in _points_at(cur, run_id, key, [lo, hi]):
                     chosen[step] = value
                 pts = sorted(chosen.items())
         if lo is not None and not downsampled:
-            cur.execute(f"SELECT step, value FROM {table} WHERE {where} ORDER BY step", args)
+            cur.execute(f"SELECT step, value FROM {src} ORDER BY step", args)
             pts = cur.fetchall()
             total = len(pts)
     result = {
@@ -341,12 +384,7 @@ def _from_rollup(
             chosen[mn_s] = mn_v
         if mx_s is not None:
             chosen[mx_s] = mx_v
-    table = MetricPoint._meta.db_table
-    cur.execute(
-        f"SELECT step, value FROM {table} WHERE run_id = %s AND key = %s AND step = ANY(%s)",
-        [run_id, key, [lo, hi]],
-    )
-    for step, value in cur.fetchall():
+    for step, value in _points_at(cur, run_id, key, [lo, hi]):
         chosen[step] = value
     return total, chosen
 
@@ -404,24 +442,37 @@ def metric_series_many(
 
 
 def metric_cursor(run_id: int) -> int:
-    """The largest metric point id of a run: the cursor to subscribe after a full page load."""
-    row = MetricPoint.objects.filter(run_id=run_id).order_by("-id").values_list("id", flat=True).first()
-    return row or 0
+    """The largest metric point id of a run: the cursor to subscribe after a full page load (the last
+    point of the run's newest chunk, one index probe)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT (id << {CHUNK_SHIFT}) + cardinality(steps) - 1 FROM {_CHUNKS} "
+            "WHERE run_id = %s ORDER BY id DESC LIMIT 1",
+            [run_id],
+        )
+        row = cur.fetchone()
+    return row[0] if row else 0
 
 
 # --------------------------------------------------------------------------- live catch-up
 
 
 def metrics_after(run_id: int, cursor: int, *, limit: int | None = None) -> list[dict[str, Any]]:
-    """Points with id > cursor in id order (what a reconnecting browser missed)."""
-    qs = (
-        MetricPoint.objects.filter(run_id=run_id, id__gt=cursor)
-        .order_by("id")
-        .values_list("id", "key", "step", "value")
+    """Points with id > cursor in id order (what a reconnecting browser missed). Only the chunks at
+    or after the cursor's chunk (``cursor >> CHUNK_SHIFT``) are read, from the (run, id) index."""
+    cursor = max(0, int(cursor))
+    sql = (
+        f"SELECT * FROM (SELECT (c.id << {CHUNK_SHIFT}) + u.ord - 1 AS id, c.key, u.step, u.value "
+        f"FROM {_CHUNKS} c CROSS JOIN LATERAL unnest(c.steps, c.vals) WITH ORDINALITY AS u(step, value, ord) "
+        "WHERE c.run_id = %s AND c.id >= %s) AS p WHERE p.id > %s ORDER BY p.id"
     )
+    args: list[Any] = [run_id, cursor >> CHUNK_SHIFT, cursor]
     if limit:
-        qs = qs[:limit]
-    return [metric_point(i, k, s, v) for i, k, s, v in qs]
+        sql += " LIMIT %s"
+        args.append(int(limit))
+    with connection.cursor() as cur:
+        cur.execute(sql, args)
+        return [metric_point(i, k, s, v) for i, k, s, v in cur.fetchall()]
 
 
 def samples_after(run_id: int, cursor: int, *, limit: int | None = 500) -> list[dict[str, Any]]:

@@ -3,9 +3,12 @@
 Why a queue and a thread: the trainer must never wait for PostgreSQL or Redis. Every event the engine
 emits (metrics, log lines, samples, progress, checkpoints, the end) is put on a bounded queue and
 returns at once; a background thread drains the queue and, per flush, stores everything it took in
-ONE transaction with a fixed number of statements (COPY of the points, one INSERT for points + rollup,
-one for the log lines, one UPDATE of the run; samples and checkpoints only when present), then sends
-ONE broadcast message (``protocol.batch_message``) holding the flush's messages in event order.
+ONE transaction with a fixed number of statements (a binary COPY of one chunk row per metric key, the
+rollup (COPY + one upsert), a COPY of the log lines, one UPDATE of the run, a few small lookups;
+samples and checkpoints only when present; see ``ingest``), then sends
+ONE broadcast message (``protocol.batch_message``) holding the flush's messages in event order, from a
+sender thread of its own (in flush order; a flush's broadcast overlaps with the next flush's storing;
+``flush()`` waits for both).
 
 Flushes happen when ``batch_points`` metric points are buffered or ``max_delay`` seconds (default
 50 ms: the live latency it adds) after the first buffered event, and on ``flush()`` / ``finished`` /
@@ -99,6 +102,14 @@ def with_db_retry(
     raise AssertionError("unreachable")
 
 
+def _last_value(steps: list[int], values: list[float | None]) -> float | None:
+    """The value at the largest step (the latest emitted among equal steps): the run's last value."""
+    if steps[-1] >= max(steps):
+        return values[-1]
+    best = max(range(len(steps)), key=lambda i: (steps[i], i))
+    return values[best]
+
+
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
@@ -189,6 +200,47 @@ class Broadcaster:
         self._reset_loop()
 
 
+class _Sender:
+    """Hands a run's broadcasts to a thread of their own (FIFO, so in flush order): encoding a
+    10,000-point message and the Redis round trips then overlap with the next flush's database work
+    instead of adding to it. At most ``depth`` messages wait; beyond that ``send`` blocks (the flush
+    thread slows down rather than queueing without bound)."""
+
+    def __init__(self, broadcaster: Broadcaster, depth: int = 4):
+        self.broadcaster = broadcaster
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=depth)
+        self._thread: threading.Thread | None = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name=f"broadcast-{self.broadcaster.group}", daemon=True
+            )
+            self._thread.start()
+        self._queue.put(message)
+
+    def drain(self) -> None:
+        """Wait until every message handed over has been sent (or given up on)."""
+        self._queue.join()
+
+    def stop(self) -> None:
+        """Send what is queued, then end the thread (its event loop is closed by ``Broadcaster.close``)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            message = self._queue.get()
+            try:
+                if message is None:
+                    return
+                self.broadcaster.send(message)  # never raises: a failure pauses broadcasts
+            finally:
+                self._queue.task_done()
+
+
 class Recorder:
     """EventSink that stores a run's events in PostgreSQL, then broadcasts them (see module doc)."""
 
@@ -215,6 +267,7 @@ class Recorder:
         self._broadcaster = Broadcaster(
             run_id, DEFAULT_BROADCAST_TIMEOUT_S if broadcast_timeout is None else broadcast_timeout
         )
+        self._sender = _Sender(self._broadcaster)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         # Unique keys for free log lines: a flush retried after an ambiguous commit stores them once.
@@ -361,6 +414,7 @@ class Recorder:
                     if pending:
                         self._store(pending)
                         pending, points = [], 0
+                    self._sender.drain()  # flush() returns once its data is stored and broadcast
                     if item.stop:
                         with self._lock:
                             self._exit()
@@ -384,6 +438,7 @@ class Recorder:
     def _exit(self) -> None:
         """The flush thread's cleanup, under ``_lock``: a thread started for the next event cannot
         run before this thread's connection and event loop are closed."""
+        self._sender.stop()
         self._broadcaster.close()
         connection.close()
         self._thread = None
@@ -408,7 +463,7 @@ class Recorder:
         self._seen_sample_steps.update(self._flush_sample_steps)
         self.flushes += 1
         if messages and self.broadcast_enabled:
-            self._broadcaster.send(messages[0] if len(messages) == 1 else protocol.batch_message(messages))
+            self._sender.send(messages[0] if len(messages) == 1 else protocol.batch_message(messages))
 
     def _give_up(self, message: str) -> None:
         log.error("recorder of run %s gives up: %s", self.run_id, message)
@@ -424,23 +479,24 @@ class Recorder:
 
     def _store_once(self, events: list[_Event]) -> list[dict[str, Any]]:
         """One transaction for the whole flush; returns the live messages in event order."""
-        # Rows of the flush, each remembering the event it came from.
-        point_rows: list[tuple[str, int, float | None, datetime]] = []
+        # The flush's points grouped per key (the shape of the stored chunks), in event order.
+        groups: ingest.PointGroups = {}
         log_lines: list[str] = []
         log_keys: list[str] = []
         log_times: list[datetime] = []
-        last: dict[str, tuple[int, float | None]] = {}
         fields: dict[str, Any] = {}
         status_at: int | None = None
         self._flush_sample_steps: set[tuple[int, str]] = set()
         for idx, ev in enumerate(events):
             if ev.kind == "metrics":
                 t = ev.time
-                pts = ev.data["points"]
-                point_rows.extend([(k, s, v, t) for k, s, v in pts])
-                for k, s, v in pts:
-                    if k not in last or s >= last[k][0]:
-                        last[k] = (s, v)
+                for k, s, v in ev.data["points"]:
+                    g = groups.get(k)
+                    if g is None:
+                        g = groups[k] = ([], [], [])
+                    g[0].append(s)
+                    g[1].append(v)
+                    g[2].append(t)
                 if ev.data["lines"]:
                     log_lines.extend(ev.data["lines"])
                     log_keys.extend(ev.data["keys"])
@@ -467,10 +523,11 @@ class Recorder:
             elif ev.kind == "failed":
                 fields["error"] = ev.data["error"]
                 fields["traceback"] = ev.data["traceback"]
+        last = {k: _last_value(st, vs) for k, (st, vs, _ts) in groups.items()}
         with transaction.atomic():
-            inserted = ingest._insert_points(self.run_id, point_rows, returning=True)
+            ids, stored = ingest.insert_point_groups(self.run_id, groups)
             lines = ingest.add_log_lines(self.run_id, log_lines, keys=log_keys, times=log_times)
-            run = ingest.update_run(self.run_id, fields, last_metrics={k: v for k, (_s, v) in last.items()})
+            run = ingest.update_run(self.run_id, fields, last_metrics=last)
             if run is None:
                 raise RecorderError(f"run {self.run_id} no longer exists")
             samples: dict[int, list[Any]] = {}
@@ -486,24 +543,22 @@ class Recorder:
                     )
                 elif ev.kind == "checkpoint":
                     ingest.add_checkpoint(self.run_id, ev.data["step"], ev.data["path"])
-        self.points_stored += len(inserted)
-        return self._messages(events, inserted, lines, run, status_at, samples)
+        self.points_stored += stored
+        return self._messages(events, ids, lines, run, status_at, samples)
 
     def _messages(
         self,
         events: list[_Event],
-        inserted: list[tuple[int, str, int, float | None]],
+        ids: dict[str, Any],
         lines: list[tuple[int, str, datetime, str]],
         run: Any,
         status_at: int | None,
         samples: dict[int, list[Any]],
     ) -> list[dict[str, Any]]:
-        """The flush's messages in event order; consecutive messages of one kind are merged."""
-        # Usually every point of the flush is new: then ``inserted`` is the flush's points in event
-        # order and each event takes the next slice; otherwise look each point up.
-        all_new = len(inserted) == sum(len(ev.data["points"]) for ev in events if ev.kind == "metrics")
-        ids = {} if all_new else {(k, s): (i, v) for i, k, s, v in inserted}
-        pos = 0
+        """The flush's messages in event order; consecutive messages of one kind are merged.
+        ``ids``: per key, the id of each of the flush's points of that key in event order (None: not
+        stored, the run had the step already)."""
+        id_iters = {k: iter(v) for k, v in ids.items()}
         stored_lines = {key: (i, line, t) for i, line, t, key in lines}
         out: list[dict[str, Any]] = []
 
@@ -517,17 +572,7 @@ class Recorder:
 
         for idx, ev in enumerate(events):
             if ev.kind == "metrics":
-                if all_new:
-                    n = len(ev.data["points"])
-                    rows = protocol.metric_points(inserted[pos : pos + n])
-                    pos += n
-                else:
-                    rows = []
-                    for k, s, _v in ev.data["points"]:
-                        hit = ids.pop((k, s), None)
-                        if hit is not None:
-                            rows.append(protocol.metric_point(hit[0], k, s, hit[1]))
-                add("metrics", "points", rows)
+                add("metrics", "points", protocol.stored_metric_points(ev.data["points"], id_iters))
             if ev.kind in ("metrics", "log"):
                 rows = [
                     protocol.log_line(*stored_lines[key]) for key in ev.data["keys"] if key in stored_lines
