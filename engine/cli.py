@@ -155,7 +155,9 @@ def cmd_study(args: argparse.Namespace) -> int:
         return 1
     if all(r["status"] in ("done", "skipped") for r in results):
         rep = write_report(args.out)
-        print(f"all runs done; report written to {rep['dir']} (python -m engine study report {args.out})")
+        print(
+            f"runs of this sitting done; report of the finished runs in {rep['dir']} (python -m engine study report {args.out})"
+        )
     return 0
 
 

@@ -765,7 +765,8 @@ def _cell_value(entry: dict[str, Any] | None, digits: int) -> str:
         return "—"
     if entry["std"] is None:
         return f"{_fmt(entry['mean'], digits)} (n={entry['n']})"
-    return f"{_fmt(entry['mean'], digits)} ± {_fmt(entry['std'], digits)}"
+    std = f"{entry['std']:.3g}" if abs(entry["mean"]) >= 1000 else _fmt(entry["std"], digits)
+    return f"{_fmt(entry['mean'], digits)} ± {std}"
 
 
 def markdown_report(table: dict[str, Any], claims: list[dict[str, Any]], figures: dict[str, str]) -> str:
@@ -815,7 +816,12 @@ def markdown_report(table: dict[str, Any], claims: list[dict[str, Any]], figures
                     f"{comp['diff']:+.3f}{noise}: {comp['outcome']}"
                 )
             else:
-                who = comp.get("cell") or f"{comp.get('a')} vs {comp.get('b')}"
+                names = [
+                    ALGORITHM_LABELS.get(x, str(x))
+                    for x in (comp.get("cell"), comp.get("a"), comp.get("b"))
+                    if x
+                ]
+                who = " vs ".join(names)
                 lines.append(f"- {who}: {comp['outcome']}")
         for s in c.get("stability", []):
             lines.append(
