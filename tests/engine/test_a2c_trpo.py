@@ -187,6 +187,15 @@ def test_trpo_step_stays_in_the_trust_region_and_the_critic_leaves_the_policy(ma
     )
     assert stats["policy/line_search_success"] == 1.0
     assert stats["policy/objective"] > 0.0  # advantages are whitened: the surrogate starts at 0
+    # policy/entropy is the full tempered distribution's at the rollout policy (issue 8, defect 7), not
+    # the sampled support's: under top_k 50 that one could not exceed log 50 = 3.9 nats.
+    with torch.no_grad():
+        logits, _ = old.forward_tokens(batch.model_inputs(), want_values=False)
+    full = torch.log_softmax(logits.float(), dim=-1)
+    per_token = -(full.exp() * full).sum(-1)
+    expected = float((per_token * batch.gen_mask).sum() / batch.gen_mask.sum())
+    assert stats["policy/entropy"] == pytest.approx(expected, rel=1e-4)
+    assert stats["policy/entropy"] > math.log(50) + 1.0
     moved = _policy_kl(old, policy, batch)
     assert 0.0 < moved <= target
     # The critic's epochs ran after the policy step and did not move the policy: the KL measured now
