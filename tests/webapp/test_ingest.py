@@ -167,6 +167,10 @@ def test_downsampling_keeps_peaks_and_zoom_gives_full_resolution(run):
     assert max(s["y"]) == 50.0 and 54_321 in s["x"]
     assert min(s["y"]) == -40.0 and 77_777 in s["x"]
     assert s["x"][0] == 0 and s["x"][-1] == n - 1 and s["x"] == sorted(s["x"])
+    # a downsampled zoom keeps the range's own first and last point (inside chunks, not at their ends)
+    d = queries.metric_series(run.pk, "loss", max_points=1000, x0=1000.5, x1=60_000)
+    assert d["downsampled"] and d["x"][0] == 1001 and d["x"][-1] == 60_000 and 54_321 in d["x"]
+    assert d["y"][0] == pytest.approx(math.sin(1.001)) and d["y"][-1] == pytest.approx(math.sin(60.0))
     z = queries.metric_series(run.pk, "loss", max_points=1000, x0=54_000, x1=54_500)
     assert not z["downsampled"] and z["x"] == list(range(54_000, 54_501))
     assert z["y"][321] == 50.0

@@ -119,8 +119,11 @@ def group_name(run_id: int) -> str:
     return f"run-{run_id}"
 
 
-# A chunk holds at most this many points: the view's point id is ``chunk id * CHUNK_POINTS + ordinal``.
-CHUNK_POINTS = 65_536
+# A chunk holds at most CHUNK_POINTS points. Readers that need one point unnest its whole chunk (the
+# arrays are one compressed value), so chunks stay small: a 65,536-point chunk made finding a series'
+# first and last point cost 75 ms instead of ~2 ms. The view's point id is ``chunk id << CHUNK_SHIFT |
+# position``, room for 65,536 points per chunk.
+CHUNK_POINTS = 4096
 CHUNK_SHIFT = 16
 
 

@@ -234,12 +234,26 @@ def _points_of_key(x0: int | None, x1: int | None) -> tuple[str, list[Any]]:
 
 def _points_at(cur: Any, run_id: int, key: str, steps: list[int]) -> list[tuple[int, float | None]]:
     """(step, value) of the given steps of one key, unnesting only the chunks whose step range holds
-    one of them (the first and last step of a series: two chunks, not the whole series)."""
+    one of them."""
     cur.execute(
         f"SELECT u.step, u.value FROM unnest(%s::int8[]) AS q(s) JOIN {_CHUNKS} c "
         "ON c.run_id = %s AND c.key = %s AND c.last_step >= q.s AND c.first_step <= q.s "
         "CROSS JOIN LATERAL unnest(c.steps, c.vals) AS u(step, value) WHERE u.step = q.s",
         [list(dict.fromkeys(steps)), run_id, key],
+    )
+    return cur.fetchall()
+
+
+def _end_points(cur: Any, run_id: int, key: str, lo: int, hi: int) -> list[tuple[int, float | None]]:
+    """The first and last point, (step, value), of one run's key spanning steps ``[lo, hi]``: the
+    first element of the chunk starting at ``lo`` and the last of the chunk ending at ``hi`` (steps
+    are sorted inside a chunk and unique per key), without unnesting any chunk."""
+    cur.execute(
+        f"(SELECT first_step, vals[1] FROM {_CHUNKS} WHERE run_id = %s AND key = %s AND first_step = %s "
+        "LIMIT 1) UNION ALL "
+        f"(SELECT last_step, vals[array_upper(vals, 1)] FROM {_CHUNKS} "
+        "WHERE run_id = %s AND key = %s AND last_step = %s LIMIT 1)",
+        [run_id, key, lo, run_id, key, hi],
     )
     return cur.fetchall()
 
@@ -320,7 +334,11 @@ def metric_series(
                     for pair in (mn, mx):
                         if pair is not None:
                             chosen[int(pair[1])] = pair[0]
-                for step, value in _points_at(cur, run_id, key, [lo, hi]):
+                whole = x0 is None and x1 is None  # then lo and hi are the series' ends
+                ends = (
+                    _end_points(cur, run_id, key, lo, hi) if whole else _points_at(cur, run_id, key, [lo, hi])
+                )
+                for step, value in ends:
                     chosen[step] = value
                 pts = sorted(chosen.items())
         if lo is not None and not downsampled:
@@ -384,7 +402,7 @@ def _from_rollup(
             chosen[mn_s] = mn_v
         if mx_s is not None:
             chosen[mx_s] = mx_v
-    for step, value in _points_at(cur, run_id, key, [lo, hi]):
+    for step, value in _end_points(cur, run_id, key, lo, hi):
         chosen[step] = value
     return total, chosen
 

@@ -3,7 +3,7 @@ holding the write's points as arrays; ``runs_metricpoint`` becomes a view that u
 
 Forward: creates the chunk table (array columns compressed with lz4 where the server has it: pglz
 tripled the cost of a write), moves every stored point into chunks (per run and key, in step order,
-at most 65,536 points per chunk, chunks numbered in the order of their points' first id), drops the
+at most 4,096 points per chunk (``CHUNK_POINTS``), chunks numbered in the order of their points' first id), drops the
 point table and creates the view. Point ids change (``chunk id << 16 | position``): a browser open
 across the migration reloads its charts from a cursor of 0 at worst (the page's own cursor is read
 afresh on every load).
@@ -44,7 +44,7 @@ INSERT INTO runs_metricchunk (run_id, key, first_step, last_step, steps, vals, t
 SELECT run_id, key, min(step), max(step), array_agg(step ORDER BY step),
        array_agg(value ORDER BY step), array_agg(time ORDER BY step)
 FROM (SELECT id, run_id, key, step, value, time,
-             (row_number() OVER (PARTITION BY run_id, key ORDER BY step) - 1) / 65536 AS part
+             (row_number() OVER (PARTITION BY run_id, key ORDER BY step) - 1) / 4096 AS part
       FROM runs_metricpoint) AS p
 GROUP BY run_id, key, part
 ORDER BY min(id)
