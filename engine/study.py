@@ -313,11 +313,23 @@ def run_state(run_dir: Path) -> str:
 
 
 class _ProgressSink(NullSink):
-    """One progress line per logged step of the run in training (stderr), throttled."""
+    """One progress line per logged step of the run in training (stderr), throttled, with the last RL
+    iteration's time, reward and KL: what to watch early in a long grid (docs/reproduction.md)."""
 
     def __init__(self, label: str, say: Callable[[str], None], every_s: float = 10.0):
         self.label, self.say, self.every_s = label, say, every_s
         self._last = 0.0
+        self._stats = ""
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        shown = (
+            ("time/iteration_s", "{:.1f} s/iter"),
+            ("train/reward_mean", "reward {:.3f}"),
+            ("train/kl", "kl {:.4f}"),
+        )
+        parts = [fmt.format(values[k]) for k, fmt in shown if isinstance(values.get(k), (int, float))]
+        if parts:
+            self._stats = ", " + ", ".join(parts)
 
     def progress(self, iteration: int, total: int, eta_seconds: float | None, phase: str = "rl") -> None:
         now = time.monotonic()
@@ -325,7 +337,8 @@ class _ProgressSink(NullSink):
             return
         self._last = now
         eta = f", ETA {fmt_seconds(eta_seconds)}" if eta_seconds is not None else ""
-        self.say(f"  {self.label}: {phase} {iteration}/{total}{eta}")
+        stats = self._stats if phase == "rl" and iteration else ""
+        self.say(f"  {self.label}: {phase} {iteration}/{total}{stats}{eta}")
 
 
 def fmt_seconds(s: float | None) -> str:
