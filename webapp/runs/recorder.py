@@ -201,23 +201,24 @@ class Broadcaster:
 
 
 class _Sender:
-    """Hands a run's broadcasts to a thread of their own (FIFO, so in flush order): encoding a
-    10,000-point message and the Redis round trips then overlap with the next flush's database work
-    instead of adding to it. At most ``depth`` messages wait; beyond that ``send`` blocks (the flush
-    thread slows down rather than queueing without bound)."""
+    """Hands a run's broadcasts to a thread of their own (FIFO, so in flush order): building and
+    encoding a 10,000-point message and the Redis round trips then overlap with the next flush's
+    database work instead of adding to it. ``send`` takes a function returning the flush's messages
+    (built from rows already committed). At most ``depth`` flushes wait; beyond that ``send`` blocks
+    (the flush thread slows down rather than queueing without bound)."""
 
     def __init__(self, broadcaster: Broadcaster, depth: int = 4):
         self.broadcaster = broadcaster
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[Callable[[], list[dict[str, Any]]] | None] = queue.Queue(maxsize=depth)
         self._thread: threading.Thread | None = None
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, build: Callable[[], list[dict[str, Any]]]) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
                 target=self._run, name=f"broadcast-{self.broadcaster.group}", daemon=True
             )
             self._thread.start()
-        self._queue.put(message)
+        self._queue.put(build)
 
     def drain(self) -> None:
         """Wait until every message handed over has been sent (or given up on)."""
@@ -232,11 +233,17 @@ class _Sender:
 
     def _run(self) -> None:
         while True:
-            message = self._queue.get()
+            build = self._queue.get()
             try:
-                if message is None:
+                if build is None:
                     return
-                self.broadcaster.send(message)  # never raises: a failure pauses broadcasts
+                messages = build()
+                if messages:  # Broadcaster.send never raises: a failure pauses broadcasts
+                    self.broadcaster.send(
+                        messages[0] if len(messages) == 1 else protocol.batch_message(messages)
+                    )
+            except Exception:  # noqa: BLE001 - the rows are stored; clients catch up from their cursor
+                log.exception("building the live messages of %s failed", self.broadcaster.group)
             finally:
                 self._queue.task_done()
 
@@ -447,8 +454,8 @@ class Recorder:
         if self.error is not None:
             return
         try:
-            messages = with_db_retry(
-                lambda: self._store_once(events), give_up_after=self.give_up_after, what=f"run {self.run_id}"
+            build_messages = with_db_retry(
+                lambda: self._store_flush(events), give_up_after=self.give_up_after, what=f"run {self.run_id}"
             )
         except (OperationalError, InterfaceError) as exc:
             self._give_up(
@@ -462,8 +469,8 @@ class Recorder:
             return
         self._seen_sample_steps.update(self._flush_sample_steps)
         self.flushes += 1
-        if messages and self.broadcast_enabled:
-            self._sender.send(messages[0] if len(messages) == 1 else protocol.batch_message(messages))
+        if self.broadcast_enabled:
+            self._sender.send(build_messages)
 
     def _give_up(self, message: str) -> None:
         log.error("recorder of run %s gives up: %s", self.run_id, message)
@@ -478,7 +485,13 @@ class Recorder:
                 item.done.set()
 
     def _store_once(self, events: list[_Event]) -> list[dict[str, Any]]:
-        """One transaction for the whole flush; returns the live messages in event order."""
+        """One transaction for the whole flush; returns the live messages in event order (the API's
+        batches store through this)."""
+        return self._store_flush(events)()
+
+    def _store_flush(self, events: list[_Event]) -> Callable[[], list[dict[str, Any]]]:
+        """One transaction for the whole flush; returns what builds its live messages in event order
+        (the recorder has its sender thread call it, while this thread stores the next flush)."""
         # The flush's points grouped per key (the shape of the stored chunks), in event order.
         groups: ingest.PointGroups = {}
         log_lines: list[str] = []
@@ -544,7 +557,8 @@ class Recorder:
                 elif ev.kind == "checkpoint":
                     ingest.add_checkpoint(self.run_id, ev.data["step"], ev.data["path"])
         self.points_stored += stored
-        return self._messages(events, ids, lines, run, status_at, samples)
+        # The messages are built by the sender thread, while this one stores the next flush.
+        return lambda: self._messages(events, ids, lines, run, status_at, samples)
 
     def _messages(
         self,
