@@ -7,13 +7,16 @@ Browser tests need committed rows: mark them ``@pytest.mark.django_db(transactio
 from __future__ import annotations
 
 import os
+import socket
+import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import AsgiServer
+from tests.conftest import AsgiServer, WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -34,6 +37,38 @@ def live_server_with_worker(celery_worker: Any, test_db_name: str, runs_dir: Pat
     server = AsgiServer(test_db_name, runs_dir, queue=celery_worker.queue)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def two_workers_server(
+    worker_factory: Callable[..., WorkerProcess], test_db_name: str, runs_dir: Path, settings: Any
+) -> Iterator[tuple[AsgiServer, list[WorkerProcess]]]:
+    """Two real Celery workers consuming ONE run queue, and a real daphne whose launches go to it:
+    what ``manage.py up --workers 2`` gives, so a sweep's runs spread over whichever worker is free.
+    Each worker is ``--pool=solo --concurrency=1`` (tests/conftest.py's ``WorkerProcess``) with a
+    prefetch multiplier of 1 and early acks (webapp/settings.py): it takes the next message only
+    after its current run ends. They start (and stop) side by side, not one after the other."""
+    queue = f"pair-{uuid.uuid4().hex[:8]}"
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    env = {"CELERY_QUEUE": queue, "GRUE_WORKER_DEVICES": "cpu"}
+    host = socket.gethostname()
+    with ThreadPoolExecutor(3) as pool:
+        starting = [
+            pool.submit(worker_factory, queue=queue, name=f"{queue}-{i}@{host}", extra_env=env) for i in "ab"
+        ]
+        serving = pool.submit(AsgiServer, test_db_name, runs_dir, queue=queue)
+    futures = [*starting, serving]
+    up = [f.result() for f in futures if f.exception() is None]
+
+    def stop_all() -> None:
+        with ThreadPoolExecutor(3) as stopping:
+            list(stopping.map(lambda p: p.stop(), up))
+
+    if len(up) < len(futures):  # one failed to start: stop the others, then report why
+        stop_all()
+        next(f for f in futures if f.exception() is not None).result()
+    yield serving.result(), [f.result() for f in starting]
+    stop_all()
 
 
 @pytest.fixture(scope="module")
