@@ -102,3 +102,47 @@ def test_sweeps_need_a_researcher(client, annotator_client):
         assert resp.status_code == 302 and "/annotate/" in resp.url
     assert not Run.objects.exists()
     assert sweeps.MAX_RUNS == 64
+
+
+@pytest.mark.parametrize("view", ["form", "yaml"])
+def test_launch_form_opens_a_sweep_with_its_config_as_base(researcher_client, scratch_queue, view):
+    """ "Sweep over this config…" on the launch form (form or YAML view) opens the sweep page with
+    the form's config under ``config:`` and a learning-rate x seed grid around its rate; launched
+    unchanged, it queues 6 runs of that config."""
+    base = tiny_run_config(2, "from-form")
+    base["algorithm"] = {**base.get("algorithm", {}), "learning_rate": 0.003}
+    if view == "yaml":
+        post = {"action": "to_sweep", "config_yaml": yaml.safe_dump(base)}
+    else:
+        page = researcher_client.post(
+            reverse("runs:launch"), {"action": "to_form", "config_yaml": yaml.safe_dump(base)}
+        )
+        form = page.context["form"]
+        post = {"action": "to_sweep", **{k: v for k, v in form.data.items() if k != "action"}}
+    resp = researcher_client.post(reverse("runs:launch"), post)
+    assert resp.status_code == 200
+    assert resp.templates[0].name == "runs/sweep_new.html"
+    text = resp.context["sweep_yaml"]
+    data = yaml.safe_load(text)
+    assert data["parameters"] == {
+        "algorithm.learning_rate": {"values": [0.001, 0.003, 0.009]},
+        "train.seed": {"values": [0, 1]},
+    }
+    # the form's view holds every default too; what was set comes through unchanged
+    assert base["model"].items() <= data["config"]["model"].items()
+    assert data["config"]["train"]["n_iters"] == 2
+    assert not Run.objects.exists()  # opening the sweep page queues nothing
+
+    launched = researcher_client.post(reverse("runs:sweep_new"), {"sweep_yaml": text})
+    assert launched.status_code == 302
+    runs = list(Run.objects.order_by("id"))
+    assert len(runs) == 6
+    assert {r.config["algorithm"]["learning_rate"] for r in runs} == {0.001, 0.003, 0.009}
+    assert {r.config["model"]["name_or_path"] for r in runs} == {base["model"]["name_or_path"]}
+
+
+def test_launch_form_sweep_with_broken_yaml_names_the_line(researcher_client):
+    resp = researcher_client.post(reverse("runs:launch"), {"action": "to_sweep", "config_yaml": "model: [\n"})
+    assert resp.status_code == 200
+    assert "bad YAML at line" in resp.content.decode()
+    assert not Run.objects.exists()

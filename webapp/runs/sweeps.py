@@ -9,6 +9,7 @@ base config inline only (``config:``), never ``base:`` (a file on the server), a
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from typing import Any
@@ -40,6 +41,29 @@ config:                      # the base config (the launch form's YAML view give
   reward: {id: increasing_numbers}
   train: {n_iters: 5, prompts_per_iter: 4, eval_every: 0}
 """
+
+
+def sweep_text_for(config: dict[str, Any], dump: Any) -> str:
+    """A sweep document around a launch form's config, for the sweep page to open with: the config
+    becomes the base, and a grid over the learning rate (a third of it, it, three times it) and two
+    seeds is proposed as a starting point the researcher edits. ``dump`` is the launch form's YAML
+    dumper, so the base reads exactly as the form's YAML view."""
+    base = {k: v for k, v in config.items() if v is not None}
+    name = str(base.get("name") or "sweep")
+    lr = (base.get("algorithm") or {}).get("learning_rate")
+    lines = [
+        f"name: {json.dumps(name)}",
+        "method: grid                 # or random, with count: N and optional seed: S",
+        "metric: train/reward_mean    # the final metric shown on the sweep page",
+        "parameters:                  # dotted config paths; values (grid) or min/max[/log] (random)",
+    ]
+    if isinstance(lr, int | float) and lr > 0:
+        lrs = ", ".join(f"{x:.3g}" for x in (lr / 3, lr, lr * 3))
+        lines.append(f"  algorithm.learning_rate: {{values: [{lrs}]}}")
+    lines.append("  train.seed: {values: [0, 1]}")
+    lines.append("config:                      # the launch form's config")
+    lines += ["  " + line for line in dump(base).splitlines()]
+    return "\n".join(lines) + "\n"
 
 
 def launch_sweep(text: str, user: Any) -> tuple[str, list[Run]]:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.http import (
     Http404,
     HttpRequest,
@@ -41,6 +42,7 @@ from webapp.runs.forms import (
     form_data_from_config,
     list_presets,
     load_preset,
+    load_yaml_text,
     unknown_keys,
 )
 from webapp.runs.models import Checkpoint, Run, RunLog, RunStatus
@@ -252,6 +254,28 @@ def launch(request: HttpRequest) -> HttpResponse:
         yaml_form = YamlConfigForm(initial={"config_yaml": dump_yaml(form.loose_config_dict())})
         ctx = _launch_context(request, form, meta, yaml_form, "yaml", cloned_from)
         return render(request, "runs/launch.html", ctx)
+
+    if action == "to_sweep":  # the sweep page, opened with this config as its base
+        if "config_yaml" in request.POST:  # from the YAML view
+            try:
+                config = load_yaml_text(request.POST["config_yaml"]) or {}
+            except ValidationError as exc:
+                config, sweep_error = {}, " ".join(exc.messages)
+            else:
+                sweep_error = ""
+        else:
+            config, sweep_error = RunConfigForm(request.POST).loose_config_dict(), ""
+        if not isinstance(config, dict):
+            config, sweep_error = {}, "the config must be a YAML mapping"
+        return render(
+            request,
+            "runs/sweep_new.html",
+            {
+                "sweep_yaml": sweeps.sweep_text_for(config, dump_yaml) if config else sweeps.EXAMPLE,
+                "error": sweep_error,
+                "max_runs": sweeps.MAX_RUNS,
+            },
+        )
 
     if action in ("to_form", "launch_yaml"):
         yaml_form = YamlConfigForm(request.POST)
