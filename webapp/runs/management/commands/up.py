@@ -144,6 +144,7 @@ class Command(BaseCommand):
             py = sys.executable
             self._run([py, "manage.py", "migrate", "--noinput", "-v", "0"], migrate_env, "migrations")
             self._run([py, "manage.py", "grue_admin"], env, "admin account", echo=True)
+            self._run([py, "manage.py", "load_reference_runs"], env, "reference runs", echo=True)
             logs = ensure_private_dir(data_dir / "logs")
             self.logs = logs
             if not opts["no_worker"]:
