@@ -9,6 +9,9 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+# A server process reuses database connections from a pool (see GRUE_DB_POOL in settings); set
+# GRUE_DB_POOL=0 to open one per request instead. No effect when settings were loaded already.
+os.environ.setdefault("GRUE_DB_POOL", "1")
 # Django must be set up before importing consumers (they import models).
 django_asgi_app = get_asgi_application()
 

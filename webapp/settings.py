@@ -13,6 +13,8 @@ Environment variables (see docs/platform.md):
   GRUE_ALLOWED_ROOTS colon-separated directories that file paths typed into forms must stay inside
                      (default: the data dir and ./runs)
   CELERY_QUEUE       queue name the web app enqueues runs on (default "runs")
+  GRUE_DB_POOL       1 (set by webapp.asgi for server processes): borrow connections from a psycopg
+                     pool of GRUE_DB_POOL_MAX (default 8) instead of opening one per request
 """
 
 from __future__ import annotations
@@ -128,6 +130,19 @@ DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 if os.environ.get("GRUE_TEST_DB_NAME"):
     # A worker/server subprocess started by the test suite points at pytest-django's test database.
     DATABASES["default"]["NAME"] = os.environ["GRUE_TEST_DB_NAME"]
+if os.environ.get("GRUE_DB_POOL", "") == "1":
+    # The web server (``webapp.asgi`` sets GRUE_DB_POOL=1) borrows connections from a small psycopg
+    # pool: opening a PostgreSQL connection per request was ~10 ms of a ~40 ms chart-data request
+    # (issue #15), and persistent connections (CONN_MAX_AGE) are not safe under ASGI. Each borrowed
+    # connection is checked first (one round trip), so a database restart costs no failed request.
+    # Workers, the CLI and tests open connections as before: a pool per process would multiply idle
+    # connections across every worker and test server.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # Django then passes the pool a check callback
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": int(os.environ.get("GRUE_DB_POOL_MAX", "8")),
+        "timeout": 10,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"

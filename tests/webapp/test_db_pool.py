@@ -1,0 +1,52 @@
+"""The web server borrows PostgreSQL connections from a pool (issue #15: a new connection per request
+was a quarter of a chart-data request). A real daphne subprocess (``webapp.asgi`` turns the pool on)
+must serve many requests over the same backends, and survive the database killing them."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from django.db import connection
+
+from tests.conftest import session_cookie
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _server_backends(db_name: str) -> set[int]:
+    """PIDs of the backends connected to the test database, other than this test's own."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", [db_name]
+        )
+        return {r[0] for r in cur.fetchall()}
+
+
+def _get(url: str, cookie: str) -> str:
+    """The page's HTML; a redirect to the login page fails (the session must be read from the
+    database: with a misconfigured pool the session middleware saw no session at all)."""
+    req = urllib.request.Request(url, headers={"Cookie": cookie})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert "/accounts/login/" not in resp.url, "the server did not read the session"
+        return resp.read().decode()
+
+
+def test_requests_reuse_pooled_connections_and_survive_killed_backends(asgi_server, researcher, test_db_name):
+    cookie = session_cookie(researcher)  # every request reads its session and user from the database
+    url = f"{asgi_server.url}/"  # the run table
+    assert 'class="runs-table"' in _get(url, cookie)
+    before = _server_backends(test_db_name)
+    assert before, "the server keeps its connection after the request (pooled)"
+    for _ in range(10):
+        assert 'class="runs-table"' in _get(url, cookie)
+    after = _server_backends(test_db_name)
+    assert after == before  # no connection opened or closed per request
+
+    # The database kills the pooled backends (a restart looks the same to the server): the pool
+    # checks a connection before lending it, so the next request still succeeds on a fresh one.
+    with connection.cursor() as cur:
+        for pid in before:
+            cur.execute("SELECT pg_terminate_backend(%s)", [pid])
+    assert 'class="runs-table"' in _get(url, cookie)
+    assert _server_backends(test_db_name).isdisjoint(before)
