@@ -10,10 +10,18 @@ from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 # A server process reuses database connections from a pool (see GRUE_DB_POOL in settings); set
-# GRUE_DB_POOL=0 to open one per request instead. No effect when settings were loaded already.
-os.environ.setdefault("GRUE_DB_POOL", "1")
-# Django must be set up before importing consumers (they import models).
-django_asgi_app = get_asgi_application()
+# GRUE_DB_POOL=0 to open one per request instead. The variable is set only while the settings load:
+# left in the environment it would reach every process this one starts (or, imported by a test, the
+# suite's workers and `manage.py up` children), which must not keep idle pooled connections.
+_pool_default = "GRUE_DB_POOL" not in os.environ
+if _pool_default:
+    os.environ["GRUE_DB_POOL"] = "1"
+try:
+    # Django must be set up before importing consumers (they import models).
+    django_asgi_app = get_asgi_application()
+finally:
+    if _pool_default:
+        del os.environ["GRUE_DB_POOL"]
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -4,6 +4,7 @@ must serve many requests over the same backends, and survive the database killin
 
 from __future__ import annotations
 
+import os
 import urllib.request
 
 import pytest
@@ -50,3 +51,19 @@ def test_requests_reuse_pooled_connections_and_survive_killed_backends(asgi_serv
             cur.execute("SELECT pg_terminate_backend(%s)", [pid])
     assert 'class="runs-table"' in _get(url, cookie)
     assert _server_backends(test_db_name).isdisjoint(before)
+
+
+def test_importing_the_asgi_app_leaves_no_pool_setting_for_child_processes(monkeypatch):
+    """The pool is for the server process only: ``webapp.asgi`` must not leave GRUE_DB_POOL in the
+    environment, or every process started later (the suite's workers, ``manage.py up``'s children)
+    would inherit it and keep idle pooled connections (``up`` then failed to stop in time)."""
+    import importlib
+
+    import webapp.asgi
+
+    monkeypatch.delenv("GRUE_DB_POOL", raising=False)
+    importlib.reload(webapp.asgi)
+    assert "GRUE_DB_POOL" not in os.environ
+    monkeypatch.setenv("GRUE_DB_POOL", "0")  # an explicit choice is left alone
+    importlib.reload(webapp.asgi)
+    assert os.environ["GRUE_DB_POOL"] == "0"
