@@ -48,8 +48,16 @@ def _start_up(data_dir: Path, port: int, *extra: str) -> tuple[subprocess.Popen,
         env=env,
         stdout=out.open("w"),
         stderr=subprocess.STDOUT,
+        # Ctrl-C must reach `up` as it does in a terminal: a suite started as a background job
+        # (`cmd &` in a script) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt
+        # handler, so the SIGINT of _stop would be lost and `up` never stop.
+        preexec_fn=_default_sigint,
     )
     return proc, out
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _login(port: int) -> str:
