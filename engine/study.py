@@ -68,7 +68,7 @@ CURVES: tuple[tuple[str, str, str], ...] = (
     ("eval/" + PERPLEXITY, "Policy perplexity on validation references", "perplexity"),
     ("eval/" + SENTIMENT, "Validation sentiment (VADER)", "sentiment"),
 )
-# RL4LMs paper, IMDB test set, GPT-2 (sentiment, perplexity); also on the GRUE page (webapp/grue/leaderboard.py).
+# RL4LMs paper, IMDB test set, GPT-2 (sentiment, perplexity); the GRUE page's paper row reads it from here.
 PAPER_IMDB = {
     "zero_shot": (0.489, 32.17),
     "supervised": (0.539, 35.47),

@@ -45,7 +45,7 @@ from webapp.runs.models import (
     RunLog,
     Sample,
 )
-from webapp.runs.protocol import clean_float
+from webapp.runs.protocol import STATUS_FIELDS, clean_float
 
 ROLLUP_BASE = 16
 ROLLUP_FACTOR = 4
@@ -492,8 +492,8 @@ def ingest_metrics(
     """Store metric points in bulk, idempotent on (run, key, step): replays insert nothing.
 
     ``points`` are ``(key, step, value)`` tuples or ``{"key","step","value"[,"time"]}`` dicts.
-    COPY (binary) into a temporary table, then one ``INSERT … ON CONFLICT DO NOTHING`` that also
-    updates the rollup. Returns the rows that were new, with their cursor ids (when ``returning``).
+    Stored as one chunk per key (binary COPY, see ``_insert_points``) with the rollup updated from
+    the same batch. Returns the rows that were new, with their cursor ids (when ``returning``).
     """
     now = time or timezone.now()
     rows: list[tuple[str, int, float | None, datetime]] = []
@@ -658,20 +658,6 @@ def add_checkpoint(run_id: int, step: int, path: str) -> Checkpoint:
     return ckpt
 
 
-_STATUS_COLUMNS = (
-    "status",
-    "progress",
-    "eta_seconds",
-    "current_iter",
-    "total_iters",
-    "phase",
-    "error",
-    "cancel_requested",
-    "started_at",
-    "finished_at",
-)
-
-
 class _Row:
     def __init__(self, values: Mapping[str, Any]):
         self.__dict__.update(values)
@@ -701,8 +687,8 @@ def update_run(
         sets.append("id = id")
     with connection.cursor() as cur:
         cur.execute(
-            f"UPDATE {Run._meta.db_table} SET {', '.join(sets)} WHERE id = %s RETURNING {', '.join(_STATUS_COLUMNS)}",
+            f"UPDATE {Run._meta.db_table} SET {', '.join(sets)} WHERE id = %s RETURNING {', '.join(STATUS_FIELDS)}",
             [*args, run_id],
         )
         row = cur.fetchone()
-    return None if row is None else _Row(dict(zip(_STATUS_COLUMNS, row, strict=True)))
+    return None if row is None else _Row(dict(zip(STATUS_FIELDS, row, strict=True)))

@@ -55,6 +55,22 @@ def _iso(t: datetime | str | None) -> str | None:
     return t.isoformat()
 
 
+# The Run columns ``status_message`` reads: queries that build it load exactly these (a column left
+# out would cost one more query per request) and the recorder RETURNs them from its UPDATE.
+STATUS_FIELDS = (
+    "status",
+    "progress",
+    "eta_seconds",
+    "current_iter",
+    "total_iters",
+    "phase",
+    "error",
+    "cancel_requested",
+    "started_at",
+    "finished_at",
+)
+
+
 def status_message(run: Any) -> dict[str, Any]:
     """A run's status as the page shows it (badge, progress bar, ETA, error box)."""
     return {

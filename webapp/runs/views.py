@@ -417,21 +417,6 @@ def _float_param(request: HttpRequest, name: str) -> float | None:
         raise ValueError(f"{name} must be a number") from None
 
 
-# The Run columns ``protocol.status_message`` reads (a column left out would cost one more query).
-_STATUS_FIELDS = (
-    "status",
-    "progress",
-    "eta_seconds",
-    "current_iter",
-    "total_iters",
-    "phase",
-    "error",
-    "cancel_requested",
-    "started_at",
-    "finished_at",
-)
-
-
 @researcher_required
 @require_GET
 @gzip_page  # the first paint's overview of 20 series: 230 kB of JSON, 21 kB gzip-compressed
@@ -441,7 +426,7 @@ def run_series(request: HttpRequest, pk: int) -> HttpResponse:
 
     One read of the run row serves the 404 check, the name and the status message (it used to be
     read twice), and only the columns those need: the config can be large."""
-    run = get_object_or_404(Run.objects.only("pk", "name", *_STATUS_FIELDS), pk=pk)
+    run = get_object_or_404(Run.objects.only("pk", "name", *protocol.STATUS_FIELDS), pk=pk)
     try:
         x0 = _float_param(request, "x0")
         x1 = _float_param(request, "x1")
