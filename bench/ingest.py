@@ -52,7 +52,7 @@ from django.contrib.auth.models import Group, User  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.test import Client  # noqa: E402
 
-from webapp.runs import services  # noqa: E402
+from webapp.runs import protocol, services  # noqa: E402
 from webapp.runs.models import Run, RunLog, group_name  # noqa: E402
 from webapp.runs.recorder import Recorder  # noqa: E402
 
@@ -323,8 +323,9 @@ async def _latency(port: int, cookie: str, run_id: int, n: int, rate: float) -> 
     while len(lat) < n:
         msg = await asyncio.wait_for(ws.recv_json(), 30)
         now = time.time()
-        if msg["type"] == "metrics":
-            lat.extend((now - p["value"]) * 1000 for p in msg["points"] if p["key"] == "bench/sent_at")
+        lat.extend(
+            (now - p["value"]) * 1000 for p in protocol.message_points(msg) if p["key"] == "bench/sent_at"
+        )
     await producer
     await asyncio.to_thread(sink.close)
     ws.close()

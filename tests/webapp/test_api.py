@@ -160,7 +160,11 @@ def _receive_one(run_id: int, action) -> dict:
 def _shape(msg):
     """A live message without what differs between two runs (row ids, times, start time)."""
     if isinstance(msg, dict):
-        return {k: _shape(v) for k, v in msg.items() if k not in ("id", "time", "started_at", "finished_at")}
+        return {
+            k: _shape(v)
+            for k, v in msg.items()
+            if k not in ("id", "ids", "time", "started_at", "finished_at")
+        }
     if isinstance(msg, list):
         return [_shape(v) for v in msg]
     return msg

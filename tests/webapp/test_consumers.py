@@ -16,7 +16,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from webapp.asgi import application
-from webapp.runs import consumers, lifecycle, services
+from webapp.runs import consumers, lifecycle, protocol, services
 from webapp.runs.models import Run
 from webapp.runs.recorder import Recorder
 
@@ -75,7 +75,7 @@ def _flat(msgs: list[dict]) -> list[dict]:
 
 
 def _points(msgs: list[dict]) -> list[dict]:
-    return [p for m in _flat(msgs) if m["type"] == "metrics" for p in m["points"]]
+    return [p for m in _flat(msgs) for p in protocol.message_points(m)]
 
 
 async def _close_code(comm: WebsocketCommunicator, timeout: float = 10) -> int:
@@ -133,7 +133,7 @@ async def test_catch_up_from_cursor_then_live_without_gaps_or_duplicates(researc
     msgs = await _receive_until(comm, "caught_up")
     assert msgs[0]["type"] == "status" and msgs[0]["status"] == "running"
     caught = _points(msgs)
-    assert [p["id"] for p in caught] == first_ids[4:]
+    assert sorted(p["id"] for p in caught) == first_ids[4:]  # a message is grouped per key
     assert msgs[-1]["metric_cursor"] == first_ids[-1]
 
     # live: new points arrive; a replayed step is stored once and not re-sent (no broadcast at all)
@@ -143,7 +143,10 @@ async def test_catch_up_from_cursor_then_live_without_gaps_or_duplicates(researc
     live = _points(await _barrier(comm, live=2))
     assert [(p["key"], p["step"]) for p in live] == [("a", 5), ("b", 5), ("a", 6), ("b", 6)]
     all_ids = [p["id"] for p in caught + live]
-    assert len(all_ids) == len(set(all_ids)) and all_ids == sorted(all_ids)
+    assert len(all_ids) == len(set(all_ids))
+    for key in "ab":  # each key's points arrive in id (= step) order
+        ids = [p["id"] for p in caught + live if p["key"] == key]
+        assert ids == sorted(ids)
     await comm.disconnect()
 
     # reconnect with the last cursor: only what was stored while disconnected comes back
@@ -167,7 +170,11 @@ async def test_catch_up_of_more_than_one_chunk(researcher):
     await comm.send_json_to({"type": "subscribe", "after": {}})
     msgs = await _receive_until(comm, "caught_up", timeout=30)
     pages = [m for m in msgs if m["type"] == "metrics"]
-    assert [len(m["points"]) for m in pages] == [consumers.CATCHUP_CHUNK, consumers.CATCHUP_CHUNK, 123]
+    assert [len(m["series"][0]["ids"]) for m in pages] == [
+        consumers.CATCHUP_CHUNK,
+        consumers.CATCHUP_CHUNK,
+        123,
+    ]
     steps = [p["step"] for p in _points(pages)]
     assert steps == list(range(n))
     assert msgs[-1]["metric_cursor"] == _points(pages)[-1]["id"]

@@ -10,7 +10,7 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from webapp.runs import ingest, lifecycle, queries, services
+from webapp.runs import ingest, lifecycle, protocol, queries, services
 from webapp.runs.models import MetricChunk, MetricPoint, Run, RunStatus
 from webapp.runs.recorder import Recorder
 
@@ -35,7 +35,7 @@ def test_bulk_copy_inserts_everything_and_returns_cursor_ids(run):
     later = services.ingest_metrics(run.pk, [("k0", 10_000, 1.0), ("new", 0, 2.0)])
     assert min(i for i, *_ in later.inserted) > max(ids)
     assert queries.metric_cursor(run.pk) == max(i for i, *_ in later.inserted)
-    assert [p["id"] for p in queries.metrics_after(run.pk, max(ids))] == sorted(i for i, *_ in later.inserted)
+    assert [r[0] for r in queries.metrics_after(run.pk, max(ids))] == sorted(i for i, *_ in later.inserted)
     assert MetricPoint.objects.filter(run=run).count() == 20_002
     assert MetricPoint.objects.filter(run=run, id__in=ids).count() == 20_000  # the view shows the same ids
     assert MetricPoint.objects.get(run=run, key="k3", step=10).value == pytest.approx((10 * 5 + 3) * 0.5)
@@ -61,7 +61,8 @@ def test_duplicates_inside_one_batch_and_special_values(run):
     vals = dict(MetricPoint.objects.filter(run=run).values_list("key", "value"))
     assert vals["a"] == 1.0 and math.isnan(vals["b"]) and vals["c"] == math.inf and vals["d"] is None
     # the live/export path turns non-finite values into null
-    assert {p["key"]: p["value"] for p in queries.metrics_after(run.pk, 0)} == {
+    live = protocol.metrics_message(queries.metrics_after(run.pk, 0))
+    assert {p["key"]: p["value"] for p in protocol.message_points(live)} == {
         "a": 1.0,
         "b": None,
         "c": None,

@@ -14,7 +14,7 @@ from channels.layers import get_channel_layer
 
 import engine
 from tests.helpers import tiny_run_config
-from webapp.runs import queries, services
+from webapp.runs import protocol, queries, services
 from webapp.runs.models import MetricPoint, MetricRollup, Run, RunLog, Sample, group_name
 from webapp.runs.recorder import Recorder
 
@@ -53,20 +53,19 @@ async def test_one_flush_stores_points_and_log_lines_in_order_and_once():
     assert after["message"] == {"type": "marker"}  # the flush was ONE group message
     assert sink.flushes == 1
     parts = _flat(first["message"])
-    # Event order: each step's points, then its log line; the free line where it was logged.
-    desc = [
-        ("metrics", sorted({p["step"] for p in m["points"]}))
-        if m["type"] == "metrics"
-        else ("log", [x["line"].split(":")[0] for x in m["lines"]])
-        for m in parts
-    ]
-    expected = []
-    for step in range(6):
-        expected += [("metrics", [step]), ("log", [f"step {step}"])]
-    expected[5] = ("log", ["step 2", "a free line between steps 2 and 3"])  # adjacent lines: one message
-    assert desc == expected
-    points = [p for m in parts if m["type"] == "metrics" for p in m["points"]]
-    lines = [x for m in parts if m["type"] == "log" for x in m["lines"]]
+    # The flush's points first (one metrics message, each key's points in emission order), then its
+    # log lines in event order, the free line where it was logged: one message, as they are adjacent.
+    assert [m["type"] for m in parts] == ["metrics", "log"]
+    series = {s["key"]: s for s in parts[0]["series"]}
+    assert sorted(series) == sorted([*HEADLINE, "loss"])
+    for s in series.values():
+        assert s["steps"] == list(range(6)) and s["ids"] == sorted(s["ids"])
+    assert series["loss"]["values"] == [float(x) for x in range(6)]
+    expected = [f"step {step}" for step in range(6)]
+    expected.insert(3, "a free line between steps 2 and 3")
+    assert [x["line"].split(":")[0] for x in parts[1]["lines"]] == expected
+    points = list(protocol.message_points(parts[0]))
+    lines = parts[1]["lines"]
 
     def stored():
         pts = list(MetricPoint.objects.filter(run_id=run.pk).order_by("id").values_list("id", "key", "step"))
@@ -74,8 +73,8 @@ async def test_one_flush_stores_points_and_log_lines_in_order_and_once():
         return pts, logs
 
     pts, logs = await database_sync_to_async(stored)()
-    # Exactly once, and the broadcast carries the stored ids (in event order, checked above; ids
-    # are per key chunk, so the stored id order groups a flush's points by key).
+    # Exactly once, and the broadcast carries the stored ids (ids are per key chunk, so the stored
+    # id order groups a flush's points by key).
     assert sorted((p["id"], p["key"], p["step"]) for p in points) == pts and len(pts) == 6 * 3
     assert len({p["id"] for p in points}) == 6 * 3
     assert [(x["id"], x["line"]) for x in lines] == logs and len(logs) == 7

@@ -16,7 +16,7 @@ from channels.testing import WebsocketCommunicator
 from tests.conftest import session_cookie, status_of
 from tests.helpers import tiny_run_config
 from webapp.asgi import application
-from webapp.runs import lifecycle, queries, services
+from webapp.runs import lifecycle, protocol, queries, services
 from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,7 +57,7 @@ async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researc
     seen: dict[str, list] = {"status": [], "metrics": [], "samples": [], "checkpoint": []}
     while True:
         msg = await comm.receive_json_from(timeout=240)
-        # one recorder flush arrives as one "batch" holding its messages in event order
+        # one recorder flush arrives as one "batch": its points, then its other messages in order
         inner = msg["messages"] if msg["type"] == "batch" else [msg]
         for m in inner:
             seen.setdefault(m["type"], []).append(m)
@@ -71,7 +71,7 @@ async def test_launch_runs_on_worker_streams_and_succeeds(celery_worker, researc
     assert run.worker_host == celery_worker.name and run.heartbeat_at is not None
     assert run.progress == 1.0 and run.current_iter == 2 and run.total_iters == 2
 
-    streamed = [p for m in seen["metrics"] for p in m["points"]]
+    streamed = [p for m in seen["metrics"] for p in protocol.message_points(m)]
     stored = await database_sync_to_async(
         lambda: list(
             MetricPoint.objects.filter(run_id=draft.pk).order_by("id").values_list("id", "key", "step")

@@ -124,12 +124,21 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         status = await database_sync_to_async(queries.run_status_message)(self.run_id)
         if status is not None:
             await self.send_json(status)
+        while True:  # metrics: rows (id, key, step, value), sent as columns per key
+            rows = await database_sync_to_async(queries.metrics_after)(
+                self.run_id, self.cursors["metric_cursor"], limit=CATCHUP_CHUNK
+            )
+            if not rows:
+                break
+            self.cursors["metric_cursor"] = rows[-1][0]
+            await self.send_json(protocol.metrics_message(rows))
+            if len(rows) < CATCHUP_CHUNK:
+                break
         for read, field, cursor, chunk in (
-            (queries.metrics_after, "points", "metric_cursor", CATCHUP_CHUNK),
             (queries.samples_after, "rows", "sample_cursor", SAMPLE_CHUNK),
             (queries.logs_after, "lines", "log_cursor", LOG_CHUNK),
         ):
-            kind = {"points": "metrics", "rows": "samples", "lines": "log"}[field]
+            kind = {"rows": "samples", "lines": "log"}[field]
             while True:
                 rows = await database_sync_to_async(read)(self.run_id, self.cursors[cursor], limit=chunk)
                 if not rows:

@@ -11,12 +11,19 @@ Client → server:
 Server → client:
   {"type": "status", "status", "progress", "eta_seconds", "current_iter", "total_iters", "phase",
    "error", "cancel_requested", "started_at", "finished_at"}
-  {"type": "metrics", "points": [{"id", "key", "step", "value"}, ...]}
+  {"type": "metrics", "series": [{"key", "ids": [...], "steps": [...], "values": [...]}, ...]}
+      one entry per metric key, its points as parallel arrays in id order (ids ascending); a value
+      that is not finite is null. Columns, not a dict per point: a 10,000-point flush is 3 arrays
+      per key to build and encode instead of 10,000 objects (issue #15).
   {"type": "samples", "rows": [{"id", "step", "split", "sample_id", "prompt", "generation",
                                 "references", "reward", "metrics"}, ...]}
   {"type": "log", "lines": [{"id", "line", "time"}, ...]}
   {"type": "checkpoint", "step", "path"}
-  {"type": "batch", "messages": [<any of the above>, ...]}   one recorder flush, in event order
+  {"type": "batch", "messages": [<any of the above>, ...]}   one recorder flush: first one metrics
+      message with all of the flush's points (each key's in the order they were emitted), then the
+      other messages in event order (log lines, samples, checkpoints, status). Every kind keeps its
+      event order; the flush's points come before its log lines and status (a flush is stored in one
+      transaction and applied by the page at once, so nothing shows a line before its point).
   {"type": "caught_up", "metric_cursor", "sample_cursor", "log_cursor"}
   {"type": "pong", "live"}   live: group messages this connection has received (a test barrier)
   {"type": "error", "error"}
@@ -26,8 +33,9 @@ run, 4409 a second subscribe on one connection. The browser stops reconnecting o
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -88,38 +96,50 @@ def status_message(run: Any) -> dict[str, Any]:
     }
 
 
-def metric_point(point_id: int, key: str, step: int, value: float | None) -> dict[str, Any]:
-    return {"id": int(point_id), "key": key, "step": int(step), "value": clean_float(value)}
-
-
-def metric_points(rows: Iterable[tuple[int, str, int, float | None]]) -> list[dict[str, Any]]:
-    """``metric_point`` for many stored rows (ints and floats/None as the database returns them),
-    inlined: the recorder builds 10,000 of these per flush."""
+def metric_series(
+    key: str, ids: Sequence[int], steps: Sequence[int], values: Sequence[float | None]
+) -> dict[str, Any]:
+    """One key's points of a metrics message; ``ids`` ascending. Non-finite values become null."""
     fin = math.isfinite
-    return [
-        {"id": i, "key": k, "step": s, "value": v if v is None or fin(v) else None} for i, k, s, v in rows
-    ]
-
-
-def stored_metric_points(
-    points: Iterable[tuple[str, int, float | None]], ids: Mapping[str, Iterator[int | None]]
-) -> list[dict[str, Any]]:
-    """``metric_point`` for the points of one recorder event that were stored: ``points`` as the
-    engine emitted them ``(key, step, value)``, ``ids[key]`` yields the id of each point of that key
-    in emission order (None: not stored, the run had that step already). Inlined as
-    ``metric_points``: 10,000 per flush."""
-    fin = math.isfinite
-    out = []
-    for k, s, v in points:
-        i = next(ids[k])
-        if i is not None:
-            out.append({"id": i, "key": k, "step": s, "value": v if v is None or fin(v) else None})
-    return out
+    return {
+        "key": key,
+        "ids": list(ids),
+        "steps": list(steps),
+        "values": [v if v is None or fin(v) else None for v in values],
+    }
 
 
 def metrics_message(rows: Iterable[tuple[int, str, int, float | None]]) -> dict[str, Any]:
-    """``rows`` are stored points ``(id, key, step, value)`` in id order."""
-    return {"type": "metrics", "points": metric_points(rows)}
+    """``rows`` are stored points ``(id, key, step, value)`` in id order, grouped per key."""
+    cols: dict[str, tuple[list[int], list[int], list[float | None]]] = {}
+    for i, k, st, v in rows:
+        c = cols.get(k)
+        if c is None:
+            c = cols[k] = ([], [], [])
+        c[0].append(i)
+        c[1].append(st)
+        c[2].append(v)
+    return {"type": "metrics", "series": [metric_series(k, *c) for k, c in cols.items()]}
+
+
+def series_message(series: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "metrics", "series": series}
+
+
+def message_points(message: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """The points of a metrics message (or of every metrics message in a batch) one dict each:
+    ``{"id", "key", "step", "value"}``, per key in id order. For tests and tools; the page reads the
+    columns directly."""
+    if message.get("type") == "batch":
+        for m in message.get("messages", []):
+            yield from message_points(m)
+        return
+    if message.get("type") != "metrics":
+        return
+    for s in message.get("series", []):
+        k = s["key"]
+        for i, st, v in zip(s["ids"], s["steps"], s["values"], strict=True):
+            yield {"id": i, "key": k, "step": st, "value": v}
 
 
 def sample_row(s: Any) -> dict[str, Any]:
@@ -187,7 +207,6 @@ def parse_cursors(after: Any) -> dict[str, int]:
 
 
 _ROW_LISTS = {
-    "metrics": ("points", "metric_cursor"),
     "samples": ("rows", "sample_cursor"),
     "log": ("lines", "log_cursor"),
 }
@@ -204,6 +223,8 @@ def after_cursors(message: dict[str, Any], cursors: dict[str, int]) -> dict[str,
     if kind == "batch":
         parts = [m for m in (after_cursors(m, cursors) for m in message.get("messages", [])) if m]
         return batch_message(parts) if parts else None
+    if kind == "metrics":
+        return _series_after(message, cursors)
     if kind in _ROW_LISTS:
         field, cursor_name = _ROW_LISTS[kind]
         cur = cursors[cursor_name]
@@ -213,3 +234,25 @@ def after_cursors(message: dict[str, Any], cursors: dict[str, int]) -> dict[str,
         cursors[cursor_name] = max(r["id"] for r in rows)
         return {**message, field: rows}
     return message
+
+
+def _series_after(message: dict[str, Any], cursors: dict[str, int]) -> dict[str, Any] | None:
+    """``after_cursors`` for a metrics message: each key's ids are ascending, so the unseen points
+    of a key are a suffix of its arrays (found by bisection, not a pass over every point)."""
+    cur = cursors["metric_cursor"]
+    top = cur
+    out = []
+    for s in message.get("series", []):
+        ids = s["ids"]
+        if not ids or ids[-1] <= cur:
+            continue
+        top = max(top, ids[-1])
+        if ids[0] > cur:
+            out.append(s)
+            continue
+        a = bisect.bisect_right(ids, cur)
+        out.append({**s, "ids": ids[a:], "steps": s["steps"][a:], "values": s["values"][a:]})
+    if not out:
+        return None
+    cursors["metric_cursor"] = top
+    return {**message, "series": out}

@@ -32,7 +32,7 @@ from webapp.runs.models import (
     RunStatus,
     Sample,
 )
-from webapp.runs.protocol import clean_float, log_line, metric_point, sample_row, status_message
+from webapp.runs.protocol import clean_float, log_line, sample_row, status_message
 
 log = logging.getLogger(__name__)
 
@@ -475,9 +475,12 @@ def metric_cursor(run_id: int) -> int:
 # --------------------------------------------------------------------------- live catch-up
 
 
-def metrics_after(run_id: int, cursor: int, *, limit: int | None = None) -> list[dict[str, Any]]:
-    """Points with id > cursor in id order (what a reconnecting browser missed). Only the chunks at
-    or after the cursor's chunk (``cursor >> CHUNK_SHIFT``) are read, from the (run, id) index."""
+def metrics_after(
+    run_id: int, cursor: int, *, limit: int | None = None
+) -> list[tuple[int, str, int, float | None]]:
+    """Points ``(id, key, step, value)`` with id > cursor in id order (what a reconnecting browser
+    missed; ``protocol.metrics_message`` makes the message). Only the chunks at or after the cursor's
+    chunk (``cursor >> CHUNK_SHIFT``) are read, from the (run, id) index."""
     cursor = max(0, int(cursor))
     sql = (
         f"SELECT * FROM (SELECT (c.id << {CHUNK_SHIFT}) + u.ord - 1 AS id, c.key, u.step, u.value "
@@ -490,7 +493,7 @@ def metrics_after(run_id: int, cursor: int, *, limit: int | None = None) -> list
         args.append(int(limit))
     with connection.cursor() as cur:
         cur.execute(sql, args)
-        return [metric_point(i, k, s, v) for i, k, s, v in cur.fetchall()]
+        return cur.fetchall()
 
 
 def samples_after(run_id: int, cursor: int, *, limit: int | None = 500) -> list[dict[str, Any]]:

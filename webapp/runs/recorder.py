@@ -558,40 +558,52 @@ class Recorder:
                     ingest.add_checkpoint(self.run_id, ev.data["step"], ev.data["path"])
         self.points_stored += stored
         # The messages are built by the sender thread, while this one stores the next flush.
-        return lambda: self._messages(events, ids, lines, run, status_at, samples)
+        return lambda: self._messages(events, groups, ids, lines, run, status_at, samples)
 
     def _messages(
         self,
         events: list[_Event],
+        groups: ingest.PointGroups,
         ids: dict[str, Any],
         lines: list[tuple[int, str, datetime, str]],
         run: Any,
         status_at: int | None,
         samples: dict[int, list[Any]],
     ) -> list[dict[str, Any]]:
-        """The flush's messages in event order; consecutive messages of one kind are merged.
-        ``ids``: per key, the id of each of the flush's points of that key in event order (None: not
-        stored, the run had the step already)."""
-        id_iters = {k: iter(v) for k, v in ids.items()}
-        stored_lines = {key: (i, line, t) for i, line, t, key in lines}
+        """The flush's messages: one metrics message with every stored point (per key, columns in id
+        order), then the others in event order, consecutive log lines merged (protocol docstring).
+        ``ids``: per key, the id of each of the flush's points of that key in emission order (None:
+        not stored, the run had the step already); a ``range`` when all were stored in order."""
         out: list[dict[str, Any]] = []
+        series = []
+        for k, (steps, values, _times) in groups.items():
+            key_ids = ids.get(k)
+            if key_ids is None:
+                continue
+            if isinstance(key_ids, range):  # the fast path: every point new, ids ascending
+                series.append(protocol.metric_series(k, key_ids, steps, values))
+                continue
+            kept = sorted(
+                (i, st, v) for i, st, v in zip(key_ids, steps, values, strict=True) if i is not None
+            )
+            if kept:
+                series.append(protocol.metric_series(k, *zip(*kept, strict=True)))
+        if series:
+            out.append(protocol.series_message(series))
+        stored_lines = {key: (i, line, t) for i, line, t, key in lines}
 
-        def add(kind: str, field_name: str, rows: list[dict[str, Any]]) -> None:
+        def add_lines(keys: list[str]) -> None:
+            rows = [protocol.log_line(*stored_lines[key]) for key in keys if key in stored_lines]
             if not rows:
                 return
-            if out and out[-1]["type"] == kind:
-                out[-1][field_name].extend(rows)
+            if out and out[-1]["type"] == "log":
+                out[-1]["lines"].extend(rows)
             else:
-                out.append({"type": kind, field_name: rows})
+                out.append({"type": "log", "lines": rows})
 
         for idx, ev in enumerate(events):
-            if ev.kind == "metrics":
-                add("metrics", "points", protocol.stored_metric_points(ev.data["points"], id_iters))
             if ev.kind in ("metrics", "log"):
-                rows = [
-                    protocol.log_line(*stored_lines[key]) for key in ev.data["keys"] if key in stored_lines
-                ]
-                add("log", "lines", rows)
+                add_lines(ev.data["keys"])
             elif ev.kind == "samples" and samples.get(idx):
                 out.append(protocol.samples_message(samples[idx]))
             elif ev.kind == "checkpoint":

@@ -77,12 +77,17 @@
       .catch(() => {});
   }
 
-  function applyPoints(points) {
-    points.forEach((p) => {
-      if (state.seenPoints.has(p.id)) return;
-      state.seenPoints.add(p.id);
-      if (p.id > state.metricCursor) state.metricCursor = p.id;
-      chartFor(p.key).addPoint(p.key, p.step, p.value);
+  function applySeries(series) {
+    // One entry per key: parallel arrays, ids ascending (see webapp/runs/protocol.py).
+    series.forEach((s) => {
+      const chart = chartFor(s.key);
+      for (let i = 0; i < s.ids.length; i++) {
+        const id = s.ids[i];
+        if (state.seenPoints.has(id)) continue;
+        state.seenPoints.add(id);
+        if (id > state.metricCursor) state.metricCursor = id;
+        chart.addPoint(s.key, s.steps[i], s.values[i]);
+      }
     });
   }
 
@@ -231,9 +236,9 @@
 
   function handle(msg) {
     switch (msg.type) {
-      case "batch": (msg.messages || []).forEach(handle); break; // one recorder flush, in order
+      case "batch": (msg.messages || []).forEach(handle); break; // one recorder flush
       case "status": setStatus(msg); break;
-      case "metrics": applyPoints(msg.points || []); break;
+      case "metrics": applySeries(msg.series || []); break;
       case "samples": addSamples(msg.rows || []); break;
       case "log": addLogs(msg.lines || []); break;
       case "checkpoint": addCheckpoint(msg); break;
