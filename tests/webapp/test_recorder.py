@@ -82,6 +82,32 @@ async def test_one_flush_stores_points_and_log_lines_in_order_and_once():
     await asyncio.to_thread(sink.close)
 
 
+def test_a_flush_with_changing_key_sets_stores_every_point_once():
+    """The flush turns runs of events with the same keys into columns: key sets that change, come
+    back, skip a non-number and repeat a step must still store each (key, step) once, first wins."""
+    run = _new_run()
+    sink = Recorder(run.pk, batch_points=10_000, max_delay=3600)
+    emitted = [
+        (0, {"a": 0.0, "b": 10.0}),
+        (1, {"a": 1.0, "b": 11.0}),
+        (1, {"c": 21.0}),
+        (2, {"a": 2.0, "b": "not a number", "c": 22.0}),
+        (2, {"a": 99.0}),  # a repeated step: the first value stays
+        (3, {"a": 3.0, "b": 13.0}),
+    ]
+    for step, values in emitted:
+        sink.metrics(step, values)
+    sink.flush()
+    sink.close()
+    stored = sorted(MetricPoint.objects.filter(run=run).values_list("key", "step", "value"))
+    assert stored == [
+        ("a", 0, 0.0), ("a", 1, 1.0), ("a", 2, 2.0), ("a", 3, 3.0),
+        ("b", 0, 10.0), ("b", 1, 11.0), ("b", 3, 13.0),
+        ("c", 1, 21.0), ("c", 2, 22.0),
+    ]  # fmt: skip
+    assert sink.flushes == 1 and sink.points_stored == 9
+
+
 def test_resume_that_re_executes_steps_stores_samples_and_log_lines_once(tmp_path: Path):
     """A real engine run crashes after step 3 with its last checkpoint at step 2; resuming re-executes
     step 3. Points were idempotent before; now the re-executed step's samples and log lines are too."""
