@@ -30,6 +30,8 @@ from engine.models.policy import (
     ActorCritic,
     EosBan,
     _accepts,
+    cache_kwarg,
+    cache_of,
     decoder_prefix,
     entropy_from_logprobs,
     full_logprobs,
@@ -37,6 +39,7 @@ from engine.models.policy import (
     kl_from_logprobs,
     lm_forward,
     restrict_logprobs,
+    shared_prompt_rows,
     token_logprobs,
 )
 from engine.models.precision import autocast
@@ -129,7 +132,13 @@ class _IncrementalLM:
     """Feeds one model step by step with its KV cache, for causal and encoder-decoder LMs alike."""
 
     def __init__(
-        self, lm: Any, is_seq2seq: bool, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, start_id
+        self,
+        lm: Any,
+        is_seq2seq: bool,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        start_id,
+        share_prompts: bool = False,
     ):
         self.lm, self.is_seq2seq = lm, is_seq2seq
         self.mask = prompt_mask
@@ -151,11 +160,28 @@ class _IncrementalLM:
             extra = (
                 {"logits_to_keep": 1} if _accepts(lm, "logits_to_keep") else {}
             )  # prefill: last position only
-            out = lm(
-                input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos, use_cache=True, **extra
-            )
-        self.cache_kw = "cache" if _accepts(lm, "cache") else "past_key_values"
-        self.past = _cache_of(out)
+            rows = shared_prompt_rows(prompt_ids, prompt_mask) if share_prompts else None
+            if rows is not None:  # each distinct prompt prefilled once, its cache repeated per row
+                first, inverse = rows
+                out = lm(
+                    input_ids=prompt_ids[first],
+                    attention_mask=prompt_mask[first],
+                    position_ids=pos[first],
+                    use_cache=True,
+                    **extra,
+                )
+                cache_of(out).batch_select_indices(inverse)
+                out.logits = out.logits[:, -1:][inverse]
+            else:
+                out = lm(
+                    input_ids=prompt_ids,
+                    attention_mask=prompt_mask,
+                    position_ids=pos,
+                    use_cache=True,
+                    **extra,
+                )
+        self.cache_kw = cache_kwarg(lm)
+        self.past = cache_of(out)
         self.logits = out.logits[:, -1]
 
     def step(self, tokens: torch.Tensor) -> None:
@@ -178,14 +204,8 @@ class _IncrementalLM:
                 use_cache=True,
             )
             self.next_pos = self.next_pos + 1
-        self.past = _cache_of(out)
+        self.past = cache_of(out)
         self.logits = out.logits[:, -1]
-
-
-def _cache_of(out: Any) -> Any:
-    """transformers 5 renamed ``past_key_values`` to ``cache``; accept both."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 @torch.no_grad()
@@ -202,19 +222,22 @@ def generate(
     autocast_dtype: torch.dtype | None = None,
     record_support: bool = True,
     noise: torch.Tensor | None = None,
+    share_prompts: bool = False,
 ) -> Generated:
     """Sample a batch of episodes; an episode ends at EOS or after ``max_new_tokens``.
 
     ``noise`` (B, max_new_tokens) uniforms in [0, 1): row i's token at step t is drawn by inverse
     transform sampling with ``noise[i, t]`` instead of from ``generator``, so an episode depends on
     its own noise only, not on which other episodes share its batch (see :func:`sample_noise`).
+
+    ``share_prompts``: rows with the same prompt (a group's completions) are prefilled once.
     """
     device = prompt_ids.device
     bsz = prompt_ids.shape[0]
     with autocast(device, autocast_dtype):
-        pol = _IncrementalLM(lm, is_seq2seq, prompt_ids, prompt_mask, decoder_start_id)
+        pol = _IncrementalLM(lm, is_seq2seq, prompt_ids, prompt_mask, decoder_start_id, share_prompts)
         msk = (
-            _IncrementalLM(masking_lm, is_seq2seq, prompt_ids, prompt_mask, decoder_start_id)
+            _IncrementalLM(masking_lm, is_seq2seq, prompt_ids, prompt_mask, decoder_start_id, share_prompts)
             if masking_lm is not None
             else None
         )
@@ -383,7 +406,12 @@ class Scored:
 
 @torch.no_grad()
 def reference_logprobs(
-    ref_lm: Any, policy: ActorCritic, inputs: dict[str, torch.Tensor], temperature: float, autocast_dtype
+    ref_lm: Any,
+    policy: ActorCritic,
+    inputs: dict[str, torch.Tensor],
+    temperature: float,
+    autocast_dtype,
+    share_prompts: bool = False,
 ) -> torch.Tensor:
     """(B, T) reference log-probs of the generated tokens (full vocabulary at the sampling temperature),
     masked; no (B, T, V) log-softmax is kept (log p = x_a - logsumexp x)."""
@@ -398,6 +426,7 @@ def reference_logprobs(
             inputs["gen_mask"],
             policy.decoder_start_id,
             want_hidden=False,
+            share_prompts=share_prompts,
         )
     _, ref_lp, _ = token_logprobs(r_logits, inputs["gen_ids"], temperature, None, want_entropy=False)
     return ref_lp * inputs["gen_mask"]
@@ -412,6 +441,7 @@ def score(
     temperature: float,
     autocast_dtype: torch.dtype | None,
     kl_estimator: str = "k1",
+    share_prompts: bool = False,
 ) -> Scored:
     """One forward per model over all generated tokens.
 
@@ -421,7 +451,7 @@ def score(
     device = inputs["gen_ids"].device
     ids = inputs["gen_ids"]
     with autocast(device, autocast_dtype):
-        logits, values = policy.forward_tokens(inputs, want_values=True)
+        logits, values = policy.forward_tokens(inputs, want_values=True, share_prompts=share_prompts)
     full = full_logprobs(logits, temperature)
     del logits
     kl_lp = gather_logprobs(full, ids)
@@ -441,6 +471,7 @@ def score(
                 inputs["gen_mask"],
                 policy.decoder_start_id,
                 want_hidden=False,
+                share_prompts=share_prompts,
             )
         r_full = full_logprobs(r_logits, temperature)
         del r_logits
@@ -483,6 +514,7 @@ def collect(
     kl_estimator: str = "k1",
     score_policy: bool = True,
     sample_seeds: list[int] | None = None,
+    share_prompts: bool = False,
 ) -> RolloutBatch:
     """Generate and score episodes for ``samples`` in chunks of ``batch_size`` prompts.
 
@@ -492,6 +524,9 @@ def collect(
 
     ``sample_seeds`` (one per sample): per-sample sampling noise (:func:`sample_noise`) instead of
     ``generator``, so the episodes do not depend on the chunking.
+
+    ``share_prompts``: a prompt that several episodes of a chunk share (a group's G completions) goes
+    through each model once, in generation and scoring (:func:`engine.models.policy.lm_forward`).
     """
 
     score_policy = score_policy or kl_estimator == "full"
@@ -524,15 +559,25 @@ def collect(
                 if sample_seeds is not None
                 else None
             ),
+            share_prompts=share_prompts,
         )
         t1 = time.perf_counter()
         inputs = {"prompt_ids": pi, "prompt_mask": pm, "gen_ids": g.gen_ids, "gen_mask": g.gen_mask}
         if score_policy:
-            sc = score(policy, ref_lm, inputs, g.support, spec.temperature, autocast_dtype, kl_estimator)
+            sc = score(
+                policy,
+                ref_lm,
+                inputs,
+                g.support,
+                spec.temperature,
+                autocast_dtype,
+                kl_estimator,
+                share_prompts,
+            )
         else:
             zeros = torch.zeros_like(g.gen_mask)
             ref_lp = (
-                reference_logprobs(ref_lm, policy, inputs, spec.temperature, autocast_dtype)
+                reference_logprobs(ref_lm, policy, inputs, spec.temperature, autocast_dtype, share_prompts)
                 if ref_lm is not None
                 else zeros
             )

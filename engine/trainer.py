@@ -586,6 +586,7 @@ class Trainer:
                 # a one-step critic-free update scores the policy in its own forward (group.py)
                 score_policy=getattr(self.algo, "needs_rollout_scores", lambda n: True)(len(samples)),
                 sample_seeds=seeds,
+                share_prompts=group_size > 1,  # a group's G completions share one prompt pass
             )
         t_reward = time.perf_counter()
         scores = self.reward_fn(batch.prompts, batch.generations, batch.references, batch.meta)

@@ -272,7 +272,8 @@ class GroupAlgorithm(Algorithm):
                         dtype=autocast_dtype or torch.bfloat16,
                         enabled=autocast_dtype is not None,
                     ):
-                        logits, _ = policy.forward_tokens(inputs, want_values=False)
+                        # A group's completions share their prompt: one prompt pass per group.
+                        logits, _ = policy.forward_tokens(inputs, want_values=False, share_prompts=True)
                     ids, mask = inputs["gen_ids"], inputs["gen_mask"]
                     # Ratio on the distribution sampled from; KL on the full tempered one, as the rollout's.
                     new_lp, full_lp, token_entropy = token_logprobs(logits, ids, temperature, support)

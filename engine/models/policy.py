@@ -83,6 +83,7 @@ def lm_forward(
     gen_mask: torch.Tensor,
     decoder_start_id: int | Sequence[int] | None,
     want_hidden: bool,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One teacher-forced pass over prompt+generation: logits (and last hidden) for every generated token.
 
@@ -90,6 +91,11 @@ def lm_forward(
     padded; position ids come from the attention mask so padding never shifts positions. Encoder
     inputs are right padded (absolute learned positions, as BART's, ignore the attention mask), and
     the decoder starts from :func:`decoder_prefix` (start token, plus a forced BOS where the model has one).
+
+    ``share_prompts`` (causal models): rows with the same prompt (a GRPO group's completions) run
+    their prompt through the model once; its KV cache is then repeated per row and the completions
+    attend to it (:func:`shared_prompt_forward`). The same numbers up to float rounding, with the
+    prompt's share of the work divided by the group size, gradients included.
     """
     t_len = gen_ids.shape[1]
     if is_seq2seq:
@@ -108,6 +114,9 @@ def lm_forward(
         skip = len(prefix) - 1  # rows of the forced prefix tokens choose nothing
         hidden = out.decoder_hidden_states[-1][:, skip:] if want_hidden else None
         return out.logits[:, skip:], hidden
+    rows = shared_prompt_rows(prompt_ids, prompt_mask) if share_prompts else None
+    if rows is not None:
+        return shared_prompt_forward(lm, prompt_ids, prompt_mask, gen_ids, gen_mask, rows, want_hidden)
     p_len = prompt_ids.shape[1]
     ids = torch.cat([prompt_ids, gen_ids], dim=1)
     mask = torch.cat([prompt_mask, gen_mask.to(prompt_mask.dtype)], dim=1)
@@ -126,6 +135,82 @@ def lm_forward(
     logits = out.logits
     logits = logits[:, -(t_len + 1) : -1]
     hidden = out.hidden_states[-1][:, p_len - 1 : p_len + t_len - 1] if want_hidden else None
+    return logits, hidden
+
+
+def shared_prompt_rows(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first row of each distinct prompt, index of each row's prompt among them)`` when some rows
+    share a prompt; None when every row's prompt differs (nothing to share)."""
+    n = prompt_ids.shape[0]
+    if n < 2:
+        return None
+    key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if distinct.shape[0] == n:
+        return None
+    rows = torch.arange(n, device=prompt_ids.device)
+    first = torch.full((distinct.shape[0],), n, dtype=torch.long, device=prompt_ids.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return first, inverse
+
+
+def cache_of(out: Any) -> Any:
+    """transformers 5 renamed ``past_key_values`` to ``cache``; accept both."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def cache_kwarg(lm: Any) -> str:
+    return "cache" if _accepts(lm, "cache") else "past_key_values"
+
+
+def shared_prompt_forward(
+    lm: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    gen_ids: torch.Tensor,
+    gen_mask: torch.Tensor,
+    rows: tuple[torch.Tensor, torch.Tensor],
+    want_hidden: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``lm_forward`` of a causal LM with each distinct prompt run once (``rows`` from
+    :func:`shared_prompt_rows`). The prompt pass yields the KV cache and the distribution of the first
+    generated token; the cache is repeated per row (an index, so gradients sum back into the one
+    prompt pass) and the completions run on top of it. A group of G completions then costs one
+    prompt + G completions instead of G prompts + G completions (GRPO's prompts are ~55 of ~105
+    tokens on the IMDB workload)."""
+    first, inverse = rows
+    p_mask = prompt_mask[first]
+    p_pos = (p_mask.long().cumsum(-1) - 1).clamp(min=0)
+    extra: dict[str, Any] = {"logits_to_keep": 1} if _accepts(lm, "logits_to_keep") else {}
+    out = lm(
+        input_ids=prompt_ids[first],
+        attention_mask=p_mask,
+        position_ids=p_pos,
+        use_cache=True,
+        output_hidden_states=want_hidden,
+        **extra,
+    )
+    cache = cache_of(out)
+    cache.batch_select_indices(inverse)
+    logits = out.logits[:, -1:][inverse]
+    hidden = out.hidden_states[-1][:, -1:][inverse] if want_hidden else None
+    if gen_ids.shape[1] > 1:  # the last token's own distribution chooses nothing
+        mask = torch.cat([prompt_mask, gen_mask[:, :-1].to(prompt_mask.dtype)], dim=1)
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, prompt_ids.shape[1] :]
+        out = lm(
+            input_ids=gen_ids[:, :-1],
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            **{cache_kwarg(lm): cache},
+        )
+        logits = torch.cat([logits, out.logits], dim=1)
+        if want_hidden:
+            hidden = torch.cat([hidden, out.hidden_states[-1]], dim=1)
     return logits, hidden
 
 
@@ -158,8 +243,11 @@ class ActorCritic(nn.Module):
         #: The decoder prefix: an int (start token), or [start, forced BOS] for BART-like models.
         self.decoder_start_id = decoder_start_of(lm, is_seq2seq)
 
-    def forward_tokens(self, batch: dict[str, torch.Tensor], want_values: bool = True):
-        """Logits (B, T, V) for the generated tokens and values (B, T) of the states that chose them."""
+    def forward_tokens(
+        self, batch: dict[str, torch.Tensor], want_values: bool = True, share_prompts: bool = False
+    ):
+        """Logits (B, T, V) for the generated tokens and values (B, T) of the states that chose them.
+        ``share_prompts``: see :func:`lm_forward`."""
         shared = want_values and self.critic is None
         logits, hidden = lm_forward(
             self.lm,
@@ -170,6 +258,7 @@ class ActorCritic(nn.Module):
             batch["gen_mask"],
             self.decoder_start_id,
             want_hidden=shared,
+            share_prompts=share_prompts,
         )
         values = None
         if want_values:
@@ -185,6 +274,7 @@ class ActorCritic(nn.Module):
                     batch["gen_mask"],
                     self.decoder_start_id,
                     want_hidden=True,
+                    share_prompts=share_prompts,
                 )
                 values = self.value_head(c_hidden)
         return logits, values
