@@ -144,14 +144,27 @@ def test_token_logprobs_equal_the_log_softmax_path():
     actions[:, :2] = torch.where(actions[:, :2] == 4, 5, actions[:, :2])  # EOS (4) banned at steps 0-1
     mask = torch.rand(3, 5, 11) > 0.4
     mask.scatter_(-1, actions.unsqueeze(-1), True)  # the taken action is always inside the support
-    for support in (None, EosBan(eos_id=4, steps=2), EosBan(eos_id=10, steps=9), mask):
-        for temperature in (1.0, 0.7):
-            sampled, full, entropy = token_logprobs(logits, actions, temperature, support)
-            want_full = full_logprobs(logits, temperature)
-            want = gather_logprobs(processed_logprobs(logits, temperature, support), actions)
-            assert torch.allclose(sampled, want, atol=1e-5), support
-            assert torch.allclose(full, gather_logprobs(want_full, actions), atol=1e-5)
-            assert torch.allclose(entropy, entropy_from_logprobs(want_full), atol=1e-5)
+    # EOS (4) far above the rest at some positions: the closed-form EOS-ban normaliser hands those
+    # (p_eos > 1/2) to the exact path; the others keep log(1 - p_eos).
+    eos_heavy = logits.clone()
+    eos_heavy[0, :, 4] += 12.0
+    eos_heavy[1, 0, 4] += 0.7 - float(eos_heavy[1, 0, 4] - eos_heavy[1, 0].logsumexp(-1))  # p_eos ~ 1/2
+    for x in (logits, eos_heavy):
+        for support in (None, EosBan(eos_id=4, steps=2), EosBan(eos_id=10, steps=9), mask):
+            for temperature in (1.0, 0.7):
+                xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+                sampled, full, entropy = token_logprobs(xa, actions, temperature, support)
+                want_full = full_logprobs(xb, temperature)
+                want = gather_logprobs(processed_logprobs(xb, temperature, support), actions)
+                assert torch.allclose(sampled, want, atol=1e-5), support
+                assert torch.allclose(full, gather_logprobs(want_full, actions), atol=1e-5)
+                # H = lse - sum p x cancels two ~20-size numbers where one token has nearly all the mass
+                tol = 1e-5 if x is logits else 1e-4
+                assert torch.allclose(entropy, entropy_from_logprobs(want_full), atol=tol)
+                w = torch.randn(sampled.shape, generator=torch.Generator().manual_seed(1))
+                (sampled * w).sum().backward()
+                (want * w).sum().backward()
+                assert torch.allclose(xa.grad, xb.grad, atol=1e-5), support  # the update's gradient
 
 
 def test_needs_rollout_scores_only_without_a_one_step_update():
