@@ -4,6 +4,7 @@ HTTP bodies over ``GRUE_MAX_REQUEST_BYTES`` are refused with 413 before Django r
 (``webapp.limits.AsgiBodyLimit``); run it with ``python -m webapp.server`` so daphne itself does
 not buffer an oversized body either."""
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -36,3 +37,9 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# Everything imported so far (Django, the apps, their dependencies) lives as long as the process.
+# Freezing it keeps the collector's full passes to the objects made since: unfrozen, a full pass
+# walked them all and took ~100 ms, so one chart-data request in a few took 140 ms instead of 30
+# (issue #15's cold-chart target is 50 ms).
+gc.freeze()
