@@ -54,8 +54,10 @@ system-packages:
 up: install
 	$(PY) manage.py up
 
+# The suite runs as two concurrent halves (engine tests beside the web/worker/browser tests, see
+# tests/run_suite.py); PYTEST_ARGS naming tests, or GRUE_SUITE_SERIAL=1, runs one pytest as before.
 test: install
-	$(PY) -m webapp.embedded run-with-services -- $(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m webapp.embedded run-with-services -- $(PY) tests/run_suite.py $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
