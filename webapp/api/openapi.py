@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from webapp.api import extensions
+
 VERSION = "1.0.0"
 
 
@@ -84,9 +86,10 @@ EVENT = {
 
 
 def schema() -> dict[str, Any]:
-    """The OpenAPI document (a fresh dict each call)."""
+    """The OpenAPI document (a fresh dict each call), with the endpoints other apps registered
+    (``webapp.api.extensions``: the annotation app's campaigns)."""
     bearer = [{"token": []}, {"session": []}]
-    return {
+    doc = {
         "openapi": "3.1.0",
         "info": {
             "title": "GRUE Studio API",
@@ -120,11 +123,6 @@ def schema() -> dict[str, Any]:
                     },
                 },
                 "Event": EVENT,
-                "Pair": {
-                    "type": "object",
-                    "properties": {"prompt": {"type": "string"}, "chosen": {"type": "string"},
-                                   "rejected": {"type": "string"}, "meta": {"type": "object"}},
-                },
             },
         },
         "paths": {
@@ -194,19 +192,16 @@ def schema() -> dict[str, Any]:
                             "times": {"type": "array", "items": {"type": "string"}}}}}}}), **_ERRORS},
                 },
             },
-            "/campaigns": {
-                "get": {"summary": "annotation campaigns", "responses": {"200": _json({"type": "object"}), **_ERRORS}},
-            },
-            "/campaigns/{campaign_id}/pairs": {
-                "get": {
-                    "summary": "decided pairwise judgments as preference pairs",
-                    "parameters": [_id_param("campaign_id"),
-                                   _query("include_gold", {"type": "boolean"}, "also gold (control) items"),
-                                   _query("source", {"type": "string", "enum": ["human", "ai", "both"]},
-                                          "human judgments (default), AI judges' verdicts, or both")],
-                    "responses": {"200": _json({"type": "object", "properties": {
-                        "pairs": {"type": "array", "items": _ref("Pair")}}}), **_ERRORS},
-                },
-            },
         },
     }  # fmt: skip
+    doc["components"]["schemas"].update(extensions.openapi_schemas())
+    doc["paths"].update(extensions.openapi_paths())
+    return doc
+
+
+# For the apps that register endpoints (``webapp.api.extensions``): the same building blocks.
+json_response = _json
+ref = _ref
+id_param = _id_param
+query_param = _query
+ERRORS = _ERRORS

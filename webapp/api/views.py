@@ -1,6 +1,7 @@
 """The API's endpoints (``/api/v1/``) and the token settings page. Views are thin: they parse and
 check input, then call ``webapp.runs.services`` (create), ``webapp.runs.lifecycle`` (status),
-``webapp.api.ingest`` (event batches), ``webapp.runs.queries`` and ``annotation.exports`` (reads)."""
+``webapp.api.ingest`` (event batches) and ``webapp.runs.queries`` (reads); other apps add
+endpoints through ``webapp.api.extensions`` (the annotation app's campaigns)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from annotation import exports
-from annotation.models import Campaign
 from webapp.access import researcher_required
 from webapp.api import auth, ingest
 from webapp.api.auth import ApiError, api_view, json_body
@@ -225,32 +224,6 @@ def run_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
         s["values"].append(protocol.clean_float(value))
         s["times"].append(time.isoformat())
     return JsonResponse({"run_id": run.pk, "series": series})
-
-
-# --------------------------------------------------------------------------- campaigns
-
-
-@api_view(methods=("GET",))
-def campaigns(request: HttpRequest) -> JsonResponse:
-    rows = [
-        {"id": c.pk, "name": c.name, "kind": c.kind, "status": c.status, "systems": c.systems,
-         "system_labels": c.system_labels, "created": c.created.isoformat()}
-        for c in Campaign.objects.order_by("-id")
-    ]  # fmt: skip
-    return JsonResponse({"campaigns": rows})
-
-
-@api_view(methods=("GET",))
-def campaign_pairs(request: HttpRequest, campaign_id: int) -> JsonResponse:
-    camp = Campaign.objects.filter(pk=campaign_id).first()
-    if camp is None:
-        raise ApiError(404, f"no campaign #{campaign_id}", "campaign_id")
-    gold = request.GET.get("include_gold", "false").lower() in ("1", "true", "yes")
-    source = request.GET.get("source", "human")
-    if source not in ("human", "ai", "both"):
-        raise ApiError(400, f"{source[:20]!r} is not one of human, ai, both", "source")
-    pairs = exports.preference_pairs(camp, include_gold=gold, source=source)
-    return JsonResponse({"campaign_id": camp.pk, "source": source, "pairs": pairs})
 
 
 @api_view(methods=("GET",))
