@@ -45,7 +45,7 @@ from webapp.runs.models import (
     RunLog,
     Sample,
 )
-from webapp.runs.protocol import STATUS_FIELDS, clean_float
+from webapp.runs.protocol import STATUS_FIELDS, clean_float, columns_by_key
 
 ROLLUP_BASE = 16
 ROLLUP_FACTOR = 4
@@ -462,14 +462,7 @@ def _insert_points(
 ) -> list[tuple[int, str, int, float | None]]:
     """``insert_point_groups`` for rows ``(key, step, value, time)``; returns the points that were new
     as ``(id, key, step, value)`` in the order of ``rows`` (when ``returning``)."""
-    groups: PointGroups = {}
-    for k, s, v, t in rows:
-        g = groups.get(k)
-        if g is None:
-            g = groups[k] = ([], [], [])
-        g[0].append(s)
-        g[1].append(v)
-        g[2].append(t)
+    groups: PointGroups = columns_by_key(rows, 0)
     ids, _n = insert_point_groups(run_id, groups)
     if not returning:
         return []

@@ -109,16 +109,26 @@ def metric_series(
     }
 
 
+def columns_by_key(rows: Iterable[Sequence[Any]], key_at: int) -> dict[str, tuple[list, list, list]]:
+    """Rows of four fields grouped by the field at ``key_at``: per key, the other three as columns,
+    in row order (the shape of a metrics message's series and of the stored chunks)."""
+    others = [i for i in range(4) if i != key_at]
+    a, b, c = others
+    cols: dict[str, tuple[list, list, list]] = {}
+    for row in rows:
+        k = row[key_at]
+        col = cols.get(k)
+        if col is None:
+            col = cols[k] = ([], [], [])
+        col[0].append(row[a])
+        col[1].append(row[b])
+        col[2].append(row[c])
+    return cols
+
+
 def metrics_message(rows: Iterable[tuple[int, str, int, float | None]]) -> dict[str, Any]:
     """``rows`` are stored points ``(id, key, step, value)`` in id order, grouped per key."""
-    cols: dict[str, tuple[list[int], list[int], list[float | None]]] = {}
-    for i, k, st, v in rows:
-        c = cols.get(k)
-        if c is None:
-            c = cols[k] = ([], [], [])
-        c[0].append(i)
-        c[1].append(st)
-        c[2].append(v)
+    cols = columns_by_key(rows, 1)
     return {"type": "metrics", "series": [metric_series(k, *c) for k, c in cols.items()]}
 
 
