@@ -140,9 +140,19 @@ def test_reference_runs_are_read_only_server_side(researcher_client, researcher,
     researcher_client.post(f"/runs/{run.pk}/cancel/")
     assert Run.objects.filter(pk=run.pk, status="succeeded").exists()
     assert MetricPoint.objects.filter(run=run).count() == n_points > 0
-    # the mark is not the (editable) tag: untagging does not unlock it, tagging one's own run does not lock it
-    services.update_run_meta(run, tags="")
+    # its tags and notes are fixed too: the form is not offered and a POST is refused
+    tags, notes = list(run.tags), run.notes
+    assert 'action="/runs/%d/meta/"' % run.pk not in page and 'id="reference-meta"' in page
     with pytest.raises(InvalidState, match="reference run"):
-        lifecycle.delete_run(run)
-    mine = services.create_run(run.config, user=researcher, tags=["reference"])
-    assert not lifecycle.is_reference(mine) and lifecycle.can_delete(mine)
+        services.update_run_meta(run, tags="", notes="mine now")
+    researcher_client.post(f"/runs/{run.pk}/meta/", {"tags": "", "notes": "mine now"})
+    run.refresh_from_db()
+    assert run.tags == tags and "reference" in tags and run.notes == notes
+    # the mark is not the tag, and only the loader sets the tag: a person's run cannot take it, and a
+    # clone of a reference run is an ordinary run without it
+    mine = services.create_run(run.config, user=researcher, tags=["reference", "mine"])
+    assert mine.tags == ["mine"] and not lifecycle.is_reference(mine) and lifecycle.can_delete(mine)
+    services.update_run_meta(mine, tags="reference, x")
+    assert mine.tags == ["x"]
+    clone = services.clone_run(run, user=researcher)
+    assert "reference" not in clone.tags and not lifecycle.is_reference(clone)

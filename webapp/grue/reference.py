@@ -33,11 +33,9 @@ from django.utils import timezone
 from engine.presets import ALGORITHM_LABELS, ALGORITHMS
 from engine.study import PAPER_IMDB, PERPLEXITY, SENTIMENT, StudyError, local_config, mean_std, read_reference
 from webapp.runs.ingest import ingest_metrics, ingest_samples
-from webapp.runs.lifecycle import REFERENCE_PREFIX
-from webapp.runs.models import Run, RunStatus
+from webapp.runs.models import REFERENCE_PREFIX, REFERENCE_TAG, Run, RunStatus
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
-REFERENCE_TAG = "reference"
 MARKER_PREFIX = REFERENCE_PREFIX
 #: The studies the GRUE page announces (and whose shipped file it expects).
 KNOWN_STUDIES = {"grue-imdb": "GRUE IMDB reproduction study"}

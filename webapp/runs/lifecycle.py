@@ -38,7 +38,14 @@ from webapp.celery import app as celery_app
 from webapp.runs import paths, services
 from webapp.runs.broadcast import broadcast, status_message
 from webapp.runs.errors import BrokerUnavailable, InvalidState, ServiceError
-from webapp.runs.models import ACTIVE_STATUSES, Artifact, Project, Run, RunStatus
+from webapp.runs.models import (  # noqa: F401 - REFERENCE_PREFIX re-exported
+    ACTIVE_STATUSES,
+    REFERENCE_PREFIX,
+    Artifact,
+    Project,
+    Run,
+    RunStatus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +56,12 @@ RETRYABLE = (RunStatus.DRAFT, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.L
 
 # --------------------------------------------------------------------------- can_* (buttons, refusals)
 
-#: ``worker_host`` of a reference run (``webapp/grue/reference.py``): shipped study results, read-only.
-REFERENCE_PREFIX = "reference:"
-
 
 def is_reference(run: Run) -> bool:
-    """A reference run: cancel, retry, resume and delete are refused (clone & edit stays). The mark is
-    ``worker_host``, which only the server writes; the ``reference`` tag is for people and filters."""
-    return run.worker_host.startswith(REFERENCE_PREFIX)
+    """A reference run: cancel, retry, resume, delete and editing its tags or notes are refused (clone
+    & edit stays). The mark is ``worker_host`` (``Run.is_reference``), which only the server writes;
+    the ``reference`` tag is for people and filters, and only the reference loader sets it."""
+    return run.is_reference
 
 
 def _refuse_reference(run: Run, action: str) -> None:

@@ -41,6 +41,12 @@ ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING)
 FINISHED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST)
 
 
+#: ``worker_host`` of a reference run (``webapp/grue/reference.py``): shipped study results, read-only.
+REFERENCE_PREFIX = "reference:"
+#: The tag people filter reference runs by; only the reference loader sets it (services drop it).
+REFERENCE_TAG = "reference"
+
+
 class Run(models.Model):
     name = models.CharField(max_length=200)
     project = models.ForeignKey(
@@ -97,6 +103,12 @@ class Run(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run_dir"], condition=~Q(run_dir=""), name="run_dir_one_owner")
         ]
+
+    @property
+    def is_reference(self) -> bool:
+        """Shipped study results: read-only (no cancel, retry, resume, delete or edit of tags and
+        notes; clone & edit stays). The mark is ``worker_host``, which only the server writes."""
+        return (self.worker_host or "").startswith(REFERENCE_PREFIX)
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"

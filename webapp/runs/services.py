@@ -39,7 +39,7 @@ from webapp.runs.ingest import (  # noqa: F401
     ingest_samples,
     update_last_metrics,
 )
-from webapp.runs.models import Project, Run, RunStatus
+from webapp.runs.models import REFERENCE_TAG, Project, Run, RunStatus
 from webapp.runs.paths import check_path, read_roots  # noqa: F401 - re-exported for other apps
 from webapp.runs.protocol import sample_row  # noqa: F401
 from webapp.runs.protocol import samples_message as sample_message  # noqa: F401
@@ -126,6 +126,9 @@ def _denormalise(run: Run) -> None:
 
 
 def _clean_tags(tags: Iterable[str] | str | None) -> list[str]:
+    """Stripped, unique, at most 64 characters. The ``reference`` tag is the reference loader's
+    (``webapp/grue/reference.py`` writes it directly): a person's run cannot pose as shipped results,
+    and a clone of a reference run is an ordinary run."""
     if tags is None:
         return []
     if isinstance(tags, str):
@@ -133,7 +136,7 @@ def _clean_tags(tags: Iterable[str] | str | None) -> list[str]:
     out: list[str] = []
     for t in tags:
         t = str(t).strip()[:64]
-        if t and t not in out:
+        if t and t not in out and t != REFERENCE_TAG:
             out.append(t)
     return out
 
@@ -205,7 +208,12 @@ def clone_run(
 def update_run_meta(
     run: Run, *, name: str | None = None, tags: Iterable[str] | str | None = None, notes: str | None = None
 ) -> Run:
-    """Rename, retag or annotate a run (any status)."""
+    """Rename, retag or annotate a run (any status; not a reference run: shipped results stay as
+    shipped)."""
+    if run.is_reference:
+        raise InvalidState(
+            f"run #{run.pk} is a reference run (shipped study results): its tags and notes are fixed"
+        )
     fields = []
     if name is not None:
         run.name = name.strip()[:200] or run.name

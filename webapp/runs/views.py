@@ -551,7 +551,11 @@ def run_update_meta(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=pk)
     meta = RunMetaForm(request.POST)
     if meta.is_valid():
-        services.update_run_meta(run, tags=meta.cleaned_data["tags"], notes=meta.cleaned_data["notes"])
+        try:
+            services.update_run_meta(run, tags=meta.cleaned_data["tags"], notes=meta.cleaned_data["notes"])
+        except services.InvalidState as exc:
+            messages.error(request, str(exc))
+            return redirect("runs:detail", pk=run.pk)
         messages.success(request, "Saved.")
     else:
         messages.error(request, "; ".join(f"{k}: {', '.join(v)}" for k, v in meta.errors.items()))
