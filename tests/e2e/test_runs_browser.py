@@ -388,3 +388,30 @@ def test_run_page_preloads_its_chart_overview_once(
         ".filter((e) => e.name.includes('/series.json')).map((e) => e.initiatorType)"
     )
     assert initiators == ["link"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queued_run_no_worker_can_take_says_so_on_its_page(
+    page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    """A CUDA run waiting in its queue with no GPU worker alive: the page says why it waits (asked
+    from the page after it loads), and the note goes when the run is no longer queued."""
+    from tests.helpers import tiny_run_config
+    from webapp.runs import lifecycle, services
+    from webapp.runs.models import Run, RunStatus
+
+    run = services.create_run(tiny_run_config(2, "gpu-wait", resources={"devices": "cuda"}), user=researcher)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED)
+    login(page, asgi_server.url, researcher)
+    page.goto(f"{asgi_server.url}/runs/{run.pk}/")
+    note = page.locator("#placement-note")
+    expect(note).to_be_visible(timeout=30_000)
+    expect(note).to_contain_text(
+        "Waiting for a worker: no"
+    )  # "no worker answered" / "no live worker serves cuda runs"
+    # cancelled from another thread (Playwright's loop runs in this one): the broadcast updates the page live
+    canceller = threading.Thread(target=lambda: lifecycle.cancel_run(Run.objects.get(pk=run.pk)))
+    canceller.start()
+    canceller.join(timeout=60)
+    expect(page.locator("#status-badge")).to_have_attribute("data-status", "cancelled", timeout=30_000)
+    expect(note).to_be_hidden()

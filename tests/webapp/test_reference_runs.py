@@ -142,7 +142,7 @@ def test_reference_runs_are_read_only_server_side(researcher_client, researcher,
     assert MetricPoint.objects.filter(run=run).count() == n_points > 0
     # its tags and notes are fixed too: the form is not offered and a POST is refused
     tags, notes = list(run.tags), run.notes
-    assert 'action="/runs/%d/meta/"' % run.pk not in page and 'id="reference-meta"' in page
+    assert f'action="/runs/{run.pk}/meta/"' not in page and 'id="reference-meta"' in page
     with pytest.raises(InvalidState, match="reference run"):
         services.update_run_meta(run, tags="", notes="mine now")
     researcher_client.post(f"/runs/{run.pk}/meta/", {"tags": "", "notes": "mine now"})

@@ -140,3 +140,24 @@ def test_a_worker_with_too_few_gpus_refuses_the_launch(monkeypatch, tmp_path):
     with pytest.raises(launcher.LaunchFailed, match=r"needs 3 GPUs .* this worker has 2"):
         launcher.run_distributed(1, config, None, lambda: False, grace_s=1)
     assert not (tmp_path / "run" / launcher.LOG_FILE).exists()  # torchrun never started
+
+
+def test_a_queued_run_no_worker_can_take_says_why_on_its_page(celery_worker, client, researcher):
+    """The launch form warns before queueing; a run that is already queued (API, sweep, YAML view,
+    or its fitting worker left) gets the same reason on its page: a CUDA run with only CPU workers."""
+    client.force_login(researcher)
+    gpu = services.create_run(tiny_run_config(2, "gpu", resources={"devices": "cuda"}), user=researcher)
+    cpu = services.create_run(tiny_run_config(2, "cpu"), user=researcher)
+    Run.objects.filter(pk__in=[gpu.pk, cpu.pk]).update(status=RunStatus.QUEUED)
+    page = client.get(reverse("runs:detail", args=[gpu.pk])).content.decode()
+    assert 'id="placement-note" hidden' in page and reverse("runs:placement", args=[gpu.pk]) in page
+    reason = client.get(reverse("runs:placement", args=[gpu.pk])).json()["reason"]
+    assert reason.startswith("no live worker serves cuda runs"), reason
+    assert (
+        client.get(reverse("runs:placement", args=[cpu.pk])).json()["reason"] is None
+    )  # the fixture's worker fits
+    Run.objects.filter(pk=gpu.pk).update(status=RunStatus.CANCELLED)
+    assert client.get(reverse("runs:placement", args=[gpu.pk])).json() == {
+        "status": "cancelled",
+        "reason": None,
+    }

@@ -26,4 +26,5 @@ urlpatterns = [
     path("runs/<int:pk>/clone/", views.run_clone, name="clone"),
     path("runs/<int:pk>/delete/", views.run_delete, name="delete"),
     path("runs/<int:pk>/meta/", views.run_update_meta, name="meta"),
+    path("runs/<int:pk>/placement.json", views.run_placement, name="placement"),
 ]

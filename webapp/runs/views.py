@@ -211,6 +211,23 @@ def workers_json(request: HttpRequest) -> JsonResponse:
 
 
 @researcher_required
+@require_GET
+def run_placement(request: HttpRequest, pk: int) -> JsonResponse:
+    """Why no live worker can take this queued run (``reason`` null when one can, or when the run is
+    not queued). The launch form says it before queueing; a run already queued (launched from the
+    YAML view, the API, a sweep, or before the last fitting worker stopped) says it on its page,
+    which fetches this while the run waits: ``inspect`` waits its whole timeout, the page must not."""
+    run = get_object_or_404(Run.objects.only("pk", "status", "config"), pk=pk)
+    if run.status != RunStatus.QUEUED:
+        return JsonResponse({"status": run.status, "reason": None})
+    try:
+        found = workers.describe(celery_app, timeout=1.0)
+    except Exception as exc:  # noqa: BLE001 - a broker outage is a note on the page, not a 500
+        return JsonResponse({"status": run.status, "reason": f"could not ask the workers: {exc}"})
+    return JsonResponse({"status": run.status, "reason": workers.unservable_reason(found, run.config)})
+
+
+@researcher_required
 @require_http_methods(["GET", "POST"])
 def launch(request: HttpRequest) -> HttpResponse:
     """Config form generated from the engine's schema, a YAML view of the same config, presets.
@@ -364,6 +381,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     checkpoints = list(Checkpoint.objects.filter(run_id=run.pk).order_by("step"))
     live = {
         "actions_url": reverse("runs:actions", args=[run.pk]),
+        "placement_url": reverse("runs:placement", args=[run.pk]),
         "run_id": run.pk,
         "ws_path": f"/ws/runs/{run.pk}/",
         "series_url": reverse("runs:series", args=[run.pk]),

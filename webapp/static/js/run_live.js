@@ -91,6 +91,26 @@
     });
   }
 
+  // While the run is queued, ask once whether any live worker can take it (the launch form said so
+  // before queueing; a run queued by the API, a sweep or YAML, or whose worker left, says it here).
+  let placementAsked = false;
+  function checkPlacement(status) {
+    const note = document.getElementById("placement-note");
+    if (!note) return;
+    if (status !== "queued") { note.hidden = true; return; }
+    if (placementAsked || !cfg.placement_url) return;
+    placementAsked = true;
+    fetch(cfg.placement_url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then((r) => r.json())
+      .then((data) => {
+        if (data.reason && state.status === "queued") {
+          note.textContent = "Waiting for a worker: " + data.reason + ".";
+          note.hidden = false;
+        }
+      })
+      .catch(() => {});
+  }
+
   function setStatus(msg) {
     const badge = document.getElementById("status-badge");
     if (msg.status) {
@@ -98,6 +118,7 @@
       badge.textContent = msg.status + (msg.cancel_requested && msg.status === "running" ? " (cancelling…)" : "");
       badge.className = "badge status-" + msg.status;
       badge.dataset.status = msg.status;
+      checkPlacement(msg.status);
     }
     const progress = typeof msg.progress === "number" ? msg.progress : null;
     if (progress !== null) {
