@@ -19,6 +19,7 @@ attention mask, so left padding would shift every position of a short prompt).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from engine.kl import kl_estimate
+from engine.models.packing import packed_decode_linears, worth_packing
 from engine.models.policy import (
     ActorCritic,
     EosBan,
@@ -287,33 +289,54 @@ def generate(
             else None
         )
         keep_support = record_support and spec.needs_full_support(masking_lm is not None)
-        tokens, masks, supports, logps = [], [], [], []
-        alive = torch.ones(bsz, dtype=torch.bool, device=device)
-        for step in range(spec.max_new_tokens):
-            x = process_step(pol.logits, spec, step, msk.logits if msk is not None else None)
-            logp = torch.log_softmax(x, dim=-1)
-            if spec.do_sample and noise is not None:
-                tok = inverse_cdf_sample(logp.exp(), noise[:, step])
-            elif spec.do_sample:
-                tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
-            else:
-                tok = logp.argmax(-1)
-            tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
-            tokens.append(tok)
-            masks.append(alive.clone())
-            logps.append(logp.gather(1, tok[:, None]).squeeze(1).masked_fill(~alive, 0.0))
-            if keep_support:
-                # A finished row's pad token was never sampled: its action space is the whole
-                # vocabulary, so the pad's restricted log-prob is finite (not -inf, which times the
-                # 0 of gen_mask is NaN in every later ratio, loss and TRPO gradient).
-                supports.append(torch.isfinite(x) | ~alive[:, None])
-            if spec.eos_id is not None:
-                alive = alive & (tok != spec.eos_id)
-            if not bool(alive.any()) or step == spec.max_new_tokens - 1:
-                break
-            pol.step(tok)
-            if msk is not None:
-                msk.step(tok)
+        # Decode steps multiply bsz rows by every weight: from weights packed once (engine.models.packing).
+        pack = autocast_dtype is None and worth_packing(lm, spec.max_new_tokens)
+        with contextlib.ExitStack() as decode_linears:
+            decode_linears.enter_context(packed_decode_linears(lm, bsz, pack))
+            if masking_lm is not None:
+                decode_linears.enter_context(packed_decode_linears(masking_lm, bsz, pack))
+            return _decode(pol, msk, spec, pad_id, generator, noise, keep_support, record_support, masking_lm)
+
+
+def _decode(
+    pol: _IncrementalLM,
+    msk: _IncrementalLM | None,
+    spec: SamplingSpec,
+    pad_id: int,
+    generator: torch.Generator | None,
+    noise: torch.Tensor | None,
+    keep_support: bool,
+    record_support: bool,
+    masking_lm: Any | None,
+) -> Generated:
+    """The decode loop of :func:`generate` (from the prefilled models to the episodes)."""
+    tokens, masks, supports, logps = [], [], [], []
+    alive = torch.ones(pol.logits.shape[0], dtype=torch.bool, device=pol.logits.device)
+    for step in range(spec.max_new_tokens):
+        x = process_step(pol.logits, spec, step, msk.logits if msk is not None else None)
+        logp = torch.log_softmax(x, dim=-1)
+        if spec.do_sample and noise is not None:
+            tok = inverse_cdf_sample(logp.exp(), noise[:, step])
+        elif spec.do_sample:
+            tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+        else:
+            tok = logp.argmax(-1)
+        tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
+        tokens.append(tok)
+        masks.append(alive.clone())
+        logps.append(logp.gather(1, tok[:, None]).squeeze(1).masked_fill(~alive, 0.0))
+        if keep_support:
+            # A finished row's pad token was never sampled: its action space is the whole
+            # vocabulary, so the pad's restricted log-prob is finite (not -inf, which times the
+            # 0 of gen_mask is NaN in every later ratio, loss and TRPO gradient).
+            supports.append(torch.isfinite(x) | ~alive[:, None])
+        if spec.eos_id is not None:
+            alive = alive & (tok != spec.eos_id)
+        if not bool(alive.any()) or step == spec.max_new_tokens - 1:
+            break
+        pol.step(tok)
+        if msk is not None:
+            msk.step(tok)
     gen_ids = torch.stack(tokens, dim=1)
     gen_mask = torch.stack(masks, dim=1).float()
     support: torch.Tensor | EosBan | None = None
