@@ -28,6 +28,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from webapp import staticfiles  # noqa: E402
 from webapp.limits import AsgiBodyLimit  # noqa: E402
 from webapp.runs.routing import websocket_urlpatterns  # noqa: E402
 
@@ -37,6 +38,9 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# The static files, read and gzipped once here rather than by the first visitor after a restart.
+staticfiles.warm()
 
 # Everything imported so far (Django, the apps, their dependencies) lives as long as the process.
 # Freezing it keeps the collector's full passes to the objects made since: unfrozen, a full pass

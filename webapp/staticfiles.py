@@ -94,6 +94,17 @@ def asset(path: str) -> Asset | None:
         return made
 
 
+def warm() -> int:
+    """Read and compress every static file now (the server calls this at start-up): otherwise the
+    first visitor after a restart pays plotly's gzip (~0.1 s) on the page load. Returns how many."""
+    n = 0
+    for finder in finders.get_finders():
+        for path, _storage in finder.list([]):
+            if asset(path) is not None:
+                n += 1
+    return n
+
+
 class VersionedStaticStorage(StaticFilesStorage):
     """``{% static %}`` with ``?v=<content hash>`` appended, so browsers may cache for a year."""
 

@@ -108,3 +108,18 @@ def test_a_changed_static_file_gets_a_new_version(tmp_path: Path, settings: Any)
     second = staticfiles_storage.url("js/probe.js")
     assert second != first and second.startswith("/static/js/probe.js?v=")
     assert Client().get(second).content == f.read_bytes()
+
+
+def test_the_server_prepares_every_static_file_at_start_up(monkeypatch):
+    """webapp.asgi calls warm(): plotly is read and gzipped before the first visitor asks for it."""
+    from webapp import staticfiles
+
+    monkeypatch.setattr(staticfiles, "_assets", {})
+    n = staticfiles.warm()
+    plotly = [a for p, a in staticfiles._assets.items() if p.endswith("vendor/plotly.min.js")]
+    assert (
+        n >= 10
+        and len(plotly) == 1
+        and plotly[0].gz is not None
+        and len(plotly[0].gz) < len(plotly[0].body) / 2
+    )
