@@ -431,6 +431,22 @@ def raw_setup(cfg_dict: dict) -> Any:
     return one
 
 
+def _single_workload_report(args: argparse.Namespace, workload: str, run: Any) -> None:
+    """Run one issue's workload (``--grpo``, ``--ppo-imdb``); print and optionally save the report."""
+    report = {
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}",
+        "commit": git_commit(),
+        "load_average_before": os.getloadavg(),
+        "workload": workload,
+        "results": run(args),
+        "load_average_after": os.getloadavg(),
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="tiny,smollm2")
@@ -452,34 +468,18 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.ppo_imdb:
-        report = {
-            "machine": f"{platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__}, "
-            f"threads {torch.get_num_threads()}",
-            "commit": git_commit(),
-            "load_average_before": os.getloadavg(),
-            "workload": "PPO, SmolLM2-135M, 16 IMDB prompts of 51-63 GPT-2 tokens x 48 tokens, "
-            "VADER, fixed KL 0.05, 4 epochs x minibatch 4",
-            "results": ppo_imdb_main(args),
-            "load_average_after": os.getloadavg(),
-        }
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2))
-        print(json.dumps(report, indent=2))
-        return
+        return _single_workload_report(
+            args,
+            "PPO, SmolLM2-135M, 16 IMDB prompts of 51-63 GPT-2 tokens x 48 tokens, VADER, fixed KL 0.05, "
+            "4 epochs x minibatch 4",
+            ppo_imdb_main,
+        )
     if args.grpo:
-        report = {
-            "machine": f"{platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__}, "
-            f"threads {torch.get_num_threads()}",
-            "commit": git_commit(),
-            "load_average_before": os.getloadavg(),
-            "workload": "GRPO, SmolLM2-135M, 4 IMDB prompts x 4 completions x 48 tokens, one optimizer step",
-            "results": grpo_main(args),
-            "load_average_after": os.getloadavg(),
-        }
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2))
-        print(json.dumps(report, indent=2))
-        return
+        return _single_workload_report(
+            args,
+            "GRPO, SmolLM2-135M, 4 IMDB prompts x 4 completions x 48 tokens, one optimizer step",
+            grpo_main,
+        )
     models = {"tiny": "builtin:tiny-gpt2", "smollm2": smollm2_path()}
     report: dict[str, Any] = {
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}",
