@@ -82,36 +82,9 @@ def serve(body: bytes) -> Any:
     return handler
 
 
-# Recorded in the page from navigation start (performance.now()): when each chart was drawn (its
-# ``data-points`` set by charts.js right after Plotly drew it) and where it sits, so the marks below
-# do not include Playwright's polling or round trips.
-RECORD_DRAWS = """
-window.__draws = {};
-new MutationObserver((records) => {
-  for (const r of records) {
-    const el = r.target;
-    if (el.classList && el.classList.contains("chart") && el.dataset.points && !(el.id in window.__draws)) {
-      window.__draws[el.id] = performance.now();
-    }
-  }
-}).observe(document, {subtree: true, attributes: true, attributeFilter: ["data-points"]});
-"""
-
-# Reads the marks once every chart is drawn: per chart its draw time and whether it is in the first
-# screen; the navigation's own marks; the bytes and timing of every request.
-READ_MARKS = """() => {
-  const nav = performance.getEntriesByType("navigation")[0];
-  const charts = Array.from(document.querySelectorAll(".chart")).map((el) => ({
-    id: el.id, t: window.__draws[el.id], onScreen: el.getBoundingClientRect().top < window.innerHeight }));
-  return {
-    charts: charts,
-    html_response_end: nav.responseEnd,
-    dom_content_loaded: nav.domContentLoadedEventEnd,
-    resources: performance.getEntriesByType("resource").map((e) => ({
-      url: e.name.replace(location.origin, ""), bytes: e.transferSize, decoded: e.decodedBodySize,
-      start: e.startTime, end: e.responseEnd })),
-  };
-}"""
+# In-page marks (when each chart was drawn, navigation timing, resources): shared with bench/ingest.py.
+RECORD_DRAWS = ingest.RECORD_DRAWS
+READ_MARKS = ingest.READ_MARKS
 
 
 def first_visits(
