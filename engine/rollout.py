@@ -41,6 +41,7 @@ from engine.models.policy import (
     gather_logprobs,
     kl_from_logprobs,
     lm_forward,
+    prefill_distinct,
     restrict_logprobs,
     shared_prompt_rows,
     token_logprobs,
@@ -204,16 +205,8 @@ class _IncrementalLM:
             )  # prefill: last position only
             rows = shared_prompt_rows(prompt_ids, prompt_mask) if share_prompts else None
             if rows is not None:  # each distinct prompt prefilled once, its cache repeated per row
-                first, inverse = rows
-                out = lm(
-                    input_ids=prompt_ids[first],
-                    attention_mask=prompt_mask[first],
-                    position_ids=pos[first],
-                    use_cache=True,
-                    **extra,
-                )
-                cache_of(out).batch_select_indices(inverse)
-                out.logits = out.logits[:, -1:][inverse]
+                out = prefill_distinct(lm, prompt_ids, prompt_mask, pos, rows)
+                out.logits = out.logits[:, -1:][rows[1]]
             else:
                 out = lm(
                     input_ids=prompt_ids,
@@ -295,7 +288,7 @@ def generate(
             decode_linears.enter_context(packed_decode_linears(lm, bsz, pack))
             if masking_lm is not None:
                 decode_linears.enter_context(packed_decode_linears(masking_lm, bsz, pack))
-            return _decode(pol, msk, spec, pad_id, generator, noise, keep_support, record_support, masking_lm)
+            return _decode(pol, msk, spec, pad_id, generator, noise, keep_support, record_support)
 
 
 def _decode(
@@ -307,7 +300,6 @@ def _decode(
     noise: torch.Tensor | None,
     keep_support: bool,
     record_support: bool,
-    masking_lm: Any | None,
 ) -> Generated:
     """The decode loop of :func:`generate` (from the prefilled models to the episodes)."""
     tokens, masks, supports, logps = [], [], [], []

@@ -44,7 +44,9 @@ def main(argv: list[str]) -> int:
     ) + list(ENGINE_WITH_SERVICES)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     started = time.monotonic()
-    with tempfile.NamedTemporaryFile("w+", prefix="grue-engine-tests-", suffix=".log", delete=False) as log:
+    # The engine half writes to a temporary file (removed after it is printed), not to our stdout:
+    # two pytest progress lines interleaved would be unreadable.
+    with tempfile.NamedTemporaryFile("w+", prefix="grue-engine-tests-", suffix=".log") as log:
         engine = subprocess.Popen(
             [py, "-m", "pytest", *engine_args, *argv], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
         )

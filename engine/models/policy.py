@@ -167,6 +167,33 @@ def cache_kwarg(lm: Any) -> str:
     return "cache" if _accepts(lm, "cache") else "past_key_values"
 
 
+def prefill_distinct(
+    lm: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    rows: tuple[torch.Tensor, torch.Tensor],
+    **kwargs: Any,
+) -> Any:
+    """Each distinct prompt through a causal ``lm`` once (``rows`` from :func:`shared_prompt_rows`;
+    last position's logits only where the model allows), then its KV cache repeated per row (an
+    index, so gradients sum back into the one pass). The output's logits and hidden states stay one
+    per distinct prompt: index them with ``rows[1]``. Generation's prefill and
+    :func:`shared_prompt_forward` both start here."""
+    first, inverse = rows
+    extra: dict[str, Any] = {"logits_to_keep": 1} if _accepts(lm, "logits_to_keep") else {}
+    out = lm(
+        input_ids=prompt_ids[first],
+        attention_mask=prompt_mask[first],
+        position_ids=position_ids[first],
+        use_cache=True,
+        **extra,
+        **kwargs,
+    )
+    cache_of(out).batch_select_indices(inverse)
+    return out
+
+
 def shared_prompt_forward(
     lm: Any,
     prompt_ids: torch.Tensor,
@@ -182,20 +209,10 @@ def shared_prompt_forward(
     prompt pass) and the completions run on top of it. A group of G completions then costs one
     prompt + G completions instead of G prompts + G completions (GRPO's prompts are ~55 of ~105
     tokens on the IMDB workload)."""
-    first, inverse = rows
-    p_mask = prompt_mask[first]
-    p_pos = (p_mask.long().cumsum(-1) - 1).clamp(min=0)
-    extra: dict[str, Any] = {"logits_to_keep": 1} if _accepts(lm, "logits_to_keep") else {}
-    out = lm(
-        input_ids=prompt_ids[first],
-        attention_mask=p_mask,
-        position_ids=p_pos,
-        use_cache=True,
-        output_hidden_states=want_hidden,
-        **extra,
-    )
+    inverse = rows[1]
+    pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = prefill_distinct(lm, prompt_ids, prompt_mask, pos, rows, output_hidden_states=want_hidden)
     cache = cache_of(out)
-    cache.batch_select_indices(inverse)
     logits = out.logits[:, -1:][inverse]
     hidden = out.hidden_states[-1][:, -1:][inverse] if want_hidden else None
     if gen_ids.shape[1] > 1:  # the last token's own distribution chooses nothing

@@ -10,35 +10,38 @@ from webapp.api import extensions
 
 VERSION = "1.0.0"
 
+# ref, json_response, ERRORS, id_param, query_param: the building blocks of every path, also for the
+# apps that register endpoints of their own (``webapp.api.extensions``).
 
-def _ref(name: str) -> dict[str, str]:
+
+def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+def json_response(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-_ERRORS = {
-    "400": _json(_ref("Error"), "invalid input; `field` names it"),
-    "401": _json(_ref("Error"), "no, unknown or revoked token"),
-    "403": _json(_ref("Error"), "not a researcher, not the run's creator, or CSRF failure (session)"),
-    "404": _json(_ref("Error"), "no such run or campaign"),
+ERRORS = {
+    "400": json_response(ref("Error"), "invalid input; `field` names it"),
+    "401": json_response(ref("Error"), "no, unknown or revoked token"),
+    "403": json_response(ref("Error"), "not a researcher, not the run's creator, or CSRF failure (session)"),
+    "404": json_response(ref("Error"), "no such run or campaign"),
 }
 _WRITE_ERRORS = {
-    **_ERRORS,
-    "409": _json(_ref("Error"), "the run is in the wrong state for this request"),
-    "413": _json(_ref("Error"), "body or batch over the limits"),
-    "415": _json(_ref("Error"), "body is not application/json"),
-    "429": _json(_ref("Error"), "rate limit; see Retry-After"),
+    **ERRORS,
+    "409": json_response(ref("Error"), "the run is in the wrong state for this request"),
+    "413": json_response(ref("Error"), "body or batch over the limits"),
+    "415": json_response(ref("Error"), "body is not application/json"),
+    "429": json_response(ref("Error"), "rate limit; see Retry-After"),
 }
 
 
-def _id_param(name: str) -> dict[str, Any]:
+def id_param(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "integer"}}
 
 
-def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+def query_param(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
 
 
@@ -126,21 +129,21 @@ def schema() -> dict[str, Any]:
             },
         },
         "paths": {
-            "/openapi.json": {"get": {"summary": "this document", "responses": {"200": _json({"type": "object"})}}},
+            "/openapi.json": {"get": {"summary": "this document", "responses": {"200": json_response({"type": "object"})}}},
             "/runs": {
                 "get": {
                     "summary": "list runs, newest first",
                     "parameters": [
-                        _query("status", {"type": "string"}, "only runs in this state"),
-                        _query("task", {"type": "string"}, "task id"),
-                        _query("algorithm", {"type": "string"}, "algorithm id"),
-                        _query("project", {"type": "string"}, "project name"),
-                        _query("tag", {"type": "string"}, "runs with this tag"),
-                        _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "page size (100)"),
-                        _query("offset", {"type": "integer", "minimum": 0}, "skip this many"),
+                        query_param("status", {"type": "string"}, "only runs in this state"),
+                        query_param("task", {"type": "string"}, "task id"),
+                        query_param("algorithm", {"type": "string"}, "algorithm id"),
+                        query_param("project", {"type": "string"}, "project name"),
+                        query_param("tag", {"type": "string"}, "runs with this tag"),
+                        query_param("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "page size (100)"),
+                        query_param("offset", {"type": "integer", "minimum": 0}, "skip this many"),
                     ],
-                    "responses": {"200": _json({"type": "object", "properties": {
-                        "count": {"type": "integer"}, "runs": {"type": "array", "items": _ref("Run")}}}), **_ERRORS},
+                    "responses": {"200": json_response({"type": "object", "properties": {
+                        "count": {"type": "integer"}, "runs": {"type": "array", "items": ref("Run")}}}), **ERRORS},
                 },
                 "post": {
                     "summary": "create a run: a draft to stream into (default) or, with launch, queued on the workers",
@@ -149,22 +152,22 @@ def schema() -> dict[str, Any]:
                         "properties": {"config": {"type": "object"}, "name": {"type": "string"},
                                        "project": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
                                        "notes": {"type": "string"}, "launch": {"type": "boolean", "default": False}}}}}},
-                    "responses": {"201": _json(_ref("Run"), "created"), **_WRITE_ERRORS},
+                    "responses": {"201": json_response(ref("Run"), "created"), **_WRITE_ERRORS},
                 },
             },
             "/runs/{run_id}": {
-                "get": {"summary": "one run with its config and summary", "parameters": [_id_param("run_id")],
-                        "responses": {"200": _json(_ref("Run")), **_ERRORS}},
+                "get": {"summary": "one run with its config and summary", "parameters": [id_param("run_id")],
+                        "responses": {"200": json_response(ref("Run")), **ERRORS}},
             },
             "/runs/{run_id}/events": {
                 "post": {
                     "summary": "append a batch of events to a remote run (idempotent per batch_id)",
-                    "parameters": [_id_param("run_id")],
+                    "parameters": [id_param("run_id")],
                     "requestBody": {"required": True, "content": {"application/json": {"schema": {
                         "type": "object", "required": ["batch_id", "events"],
                         "properties": {"batch_id": {"type": "string", "maxLength": 64},
-                                       "events": {"type": "array", "maxItems": 5000, "items": _ref("Event")}}}}}},
-                    "responses": {"200": _json({"type": "object", "properties": {
+                                       "events": {"type": "array", "maxItems": 5000, "items": ref("Event")}}}}}},
+                    "responses": {"200": json_response({"type": "object", "properties": {
                         "duplicate": {"type": "boolean"}, "events": {"type": "integer"},
                         "points": {"type": "integer"}}}), **_WRITE_ERRORS},
                 },
@@ -172,24 +175,24 @@ def schema() -> dict[str, Any]:
             "/runs/{run_id}/status": {
                 "post": {
                     "summary": "start (draft → running) or end a remote run",
-                    "parameters": [_id_param("run_id")],
+                    "parameters": [id_param("run_id")],
                     "requestBody": {"required": True, "content": {"application/json": {"schema": {
                         "type": "object", "required": ["status"],
                         "properties": {"status": {"type": "string", "enum": ["running", "succeeded", "failed", "cancelled"]},
                                        "host": {"type": "string"}, "error": {"type": "string"},
                                        "traceback": {"type": "string"}, "summary": {"type": "object"}}}}}},
-                    "responses": {"200": _json(_ref("Run")), **_WRITE_ERRORS},
+                    "responses": {"200": json_response(ref("Run")), **_WRITE_ERRORS},
                 },
             },
             "/runs/{run_id}/metrics": {
                 "get": {
                     "summary": "every metric point of a run, per key in step order",
-                    "parameters": [_id_param("run_id"), _query("keys", {"type": "string"}, "comma-separated keys")],
-                    "responses": {"200": _json({"type": "object", "properties": {"series": {
+                    "parameters": [id_param("run_id"), query_param("keys", {"type": "string"}, "comma-separated keys")],
+                    "responses": {"200": json_response({"type": "object", "properties": {"series": {
                         "type": "object", "additionalProperties": {"type": "object", "properties": {
                             "steps": {"type": "array", "items": {"type": "integer"}},
                             "values": {"type": "array", "items": {"type": ["number", "null"]}},
-                            "times": {"type": "array", "items": {"type": "string"}}}}}}}), **_ERRORS},
+                            "times": {"type": "array", "items": {"type": "string"}}}}}}}), **ERRORS},
                 },
             },
         },
@@ -197,11 +200,3 @@ def schema() -> dict[str, Any]:
     doc["components"]["schemas"].update(extensions.openapi_schemas())
     doc["paths"].update(extensions.openapi_paths())
     return doc
-
-
-# For the apps that register endpoints (``webapp.api.extensions``): the same building blocks.
-json_response = _json
-ref = _ref
-id_param = _id_param
-query_param = _query
-ERRORS = _ERRORS

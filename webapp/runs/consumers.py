@@ -124,27 +124,19 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         status = await database_sync_to_async(queries.run_status_message)(self.run_id)
         if status is not None:
             await self.send_json(status)
-        while True:  # metrics: rows (id, key, step, value), sent as columns per key
-            rows = await database_sync_to_async(queries.metrics_after)(
-                self.run_id, self.cursors["metric_cursor"], limit=CATCHUP_CHUNK
-            )
-            if not rows:
-                break
-            self.cursors["metric_cursor"] = rows[-1][0]
-            await self.send_json(protocol.metrics_message(rows))
-            if len(rows) < CATCHUP_CHUNK:
-                break
-        for read, field, cursor, chunk in (
-            (queries.samples_after, "rows", "sample_cursor", SAMPLE_CHUNK),
-            (queries.logs_after, "lines", "log_cursor", LOG_CHUNK),
-        ):
-            kind = {"rows": "samples", "lines": "log"}[field]
+        # Per stream: its rows past the cursor (in chunks), the message they make, a row's id.
+        streams = (
+            (queries.metrics_after, "metric_cursor", CATCHUP_CHUNK, protocol.metrics_message, _first),
+            (queries.samples_after, "sample_cursor", SAMPLE_CHUNK, _samples_message, _row_id),
+            (queries.logs_after, "log_cursor", LOG_CHUNK, _log_message, _row_id),
+        )
+        for read, cursor, chunk, message, row_id in streams:
             while True:
                 rows = await database_sync_to_async(read)(self.run_id, self.cursors[cursor], limit=chunk)
                 if not rows:
                     break
-                self.cursors[cursor] = rows[-1]["id"]
-                await self.send_json({"type": kind, field: rows})
+                self.cursors[cursor] = row_id(rows[-1])
+                await self.send_json(message(rows))
                 if len(rows) < chunk:
                     break
         await self.send_json(protocol.caught_up_message(self.cursors))
@@ -160,6 +152,22 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         msg = protocol.after_cursors(event["message"], self.cursors)
         if msg is not None:
             await self.send_json(msg)
+
+
+def _first(row: Any) -> int:
+    return row[0]  # metrics_after's rows: (id, key, step, value)
+
+
+def _row_id(row: Any) -> int:
+    return row["id"]
+
+
+def _samples_message(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "samples", "rows": rows}  # samples_after's rows are sample_row dicts already
+
+
+def _log_message(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "log", "lines": rows}
 
 
 def _allowed(user: Any, run_id: int) -> bool | None:

@@ -38,14 +38,7 @@ from webapp.celery import app as celery_app
 from webapp.runs import paths, services
 from webapp.runs.broadcast import broadcast, status_message
 from webapp.runs.errors import BrokerUnavailable, InvalidState, ServiceError
-from webapp.runs.models import (  # noqa: F401 - REFERENCE_PREFIX re-exported
-    ACTIVE_STATUSES,
-    REFERENCE_PREFIX,
-    Artifact,
-    Project,
-    Run,
-    RunStatus,
-)
+from webapp.runs.models import ACTIVE_STATUSES, Artifact, Project, Run, RunStatus
 
 log = logging.getLogger(__name__)
 
