@@ -300,7 +300,10 @@ def grpo_main(args: argparse.Namespace) -> dict[str, Any]:
     two alternate, so that load drift on a shared machine hits both alike.
     """
     betas = [float(b) for b in args.betas.split(",")]
-    runs = {beta: engine_setup(grpo_config(smollm2_path(), beta, args.device), 0.05) for beta in betas}
+    cfgs = {beta: grpo_config(smollm2_path(), beta, args.device) for beta in betas}
+    for cfg in cfgs.values():  # --default-malloc: glibc's allocator as it comes (engine/models/memory.py)
+        cfg["resources"] = {"retain_freed_memory": not args.default_malloc}
+    runs = {beta: engine_setup(cfg, 0.05) for beta, cfg in cfgs.items()}
     for beta, run in runs.items():  # warm-up: every shape seen once (oneDNN primitives, allocator)
         print("grpo beta", beta, "warm-up", run(), flush=True)
     times: dict[float, list[dict[str, Any]]] = {beta: [] for beta in betas}
@@ -464,6 +467,11 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--betas", default="0.04,0.0", help="GRPO KL coefficients to time (comma-separated)")
+    ap.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="GRPO: resources.retain_freed_memory false (glibc returns big blocks to the kernel, as before)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -54,6 +54,7 @@ from engine.models.lora import (
     save_lora_model,
     trainable_state,
 )
+from engine.models.memory import retain_freed_memory
 from engine.models.policy import ActorCritic, frozen_copy
 from engine.models.precision import autocast
 from engine.registry import algorithms
@@ -207,6 +208,8 @@ class Trainer:
         _seed_all(cfg.train.seed)
 
         self.device = distributed.device_for(resolve_device(cfg.model.device))
+        if self.device.type == "cpu" and cfg.resources.retain_freed_memory:
+            retain_freed_memory()  # big per-step tensors reuse pages (engine/models/memory.py)
         self.amp = autocast_dtype(cfg.model.mixed_precision, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp == torch.float16 else None
         path = resolve_model_path(cfg.model.name_or_path, cfg.model.gguf_file)

@@ -273,7 +273,9 @@ class GroupAlgorithm(Algorithm):
                         enabled=autocast_dtype is not None,
                     ):
                         # A group's completions share their prompt: one prompt pass per group.
-                        logits, _ = policy.forward_tokens(inputs, want_values=False, share_prompts=True)
+                        logits, _ = policy.forward_tokens(
+                            inputs, want_values=False, share_prompts=True, lazy_head=True
+                        )
                     ids, mask = inputs["gen_ids"], inputs["gen_mask"]
                     # Ratio on the distribution sampled from; KL on the full tempered one, as the rollout's.
                     new_lp, full_lp, token_entropy = token_logprobs(logits, ids, temperature, support)

@@ -13,7 +13,14 @@ import torch
 
 from engine import distributed
 from engine.algorithms.base import Algorithm
-from engine.models.policy import entropy_from_logprobs, full_logprobs, gather_logprobs, restrict_logprobs
+from engine.models.policy import (
+    EosBan,
+    entropy_from_logprobs,
+    full_logprobs,
+    gather_logprobs,
+    restrict_logprobs,
+    token_logprobs,
+)
 from engine.models.precision import autocast
 from engine.registry import algorithms
 
@@ -178,20 +185,28 @@ class PPO(Algorithm):
         cfg = self.cfg
         inputs, tsl, support = _trim(batch, idx)
         device = inputs["gen_ids"].device
+        # Entropy as a statistic only and no (B, T, V) support mask: the log-probs come straight from
+        # the LM head's input (engine/models/head.py), no (B, T, V) temporaries.
+        lazy = cfg.ent_coef == 0 and (support is None or isinstance(support, EosBan))
         with autocast(device, autocast_dtype):
-            logits, values = policy.forward_tokens(inputs, want_values=True)
+            logits, values = policy.forward_tokens(inputs, want_values=True, lazy_head=lazy)
+        mask = inputs["gen_mask"]
         # The ratio uses the distribution sampled from (restricted to the stored support); the entropy
         # is the full tempered distribution's, the same one the KL penalty is computed on.
-        full = full_logprobs(logits, temperature)
-        del logits
-        new_lp = gather_logprobs(restrict_logprobs(full, support), inputs["gen_ids"])
-        mask = inputs["gen_mask"]
-        if cfg.ent_coef > 0:
-            entropy = masked_mean(entropy_from_logprobs(full), mask)
-        else:  # only a statistic: no graph through the (B, T, V) entropy terms
-            with torch.no_grad():
-                entropy = masked_mean(entropy_from_logprobs(full.detach()), mask)
-        del full
+        if lazy:
+            new_lp, _, token_entropy = token_logprobs(logits, inputs["gen_ids"], temperature, support)
+            del logits
+            entropy = masked_mean(token_entropy, mask)
+        else:
+            full = full_logprobs(logits, temperature)
+            del logits
+            new_lp = gather_logprobs(restrict_logprobs(full, support), inputs["gen_ids"])
+            if cfg.ent_coef > 0:
+                entropy = masked_mean(entropy_from_logprobs(full), mask)
+            else:  # only a statistic: no graph through the (B, T, V) entropy terms
+                with torch.no_grad():
+                    entropy = masked_mean(entropy_from_logprobs(full.detach()), mask)
+            del full
         old_lp = batch.logprobs[idx][:, tsl]
         adv = advantages[idx][:, tsl]
         pg_loss, pg_stats = clipped_policy_loss(new_lp, old_lp, adv, mask, cfg.clip_range)

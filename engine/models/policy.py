@@ -10,12 +10,14 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from engine.models.head import HeadLogits, head_logits_at, head_logsumexp, plain_head_weight
 
 
 def hidden_size_of(lm: Any) -> int:
@@ -85,7 +87,8 @@ def lm_forward(
     decoder_start_id: int | Sequence[int] | None,
     want_hidden: bool,
     share_prompts: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    lazy_head: bool = False,
+) -> tuple[torch.Tensor | HeadLogits, torch.Tensor | None]:
     """One teacher-forced pass over prompt+generation: logits (and last hidden) for every generated token.
 
     Row t of the result is the distribution that chose ``gen_ids[:, t]``. Causal inputs are left
@@ -97,8 +100,15 @@ def lm_forward(
     their prompt through the model once; its KV cache is then repeated per row and the completions
     attend to it (:func:`shared_prompt_forward`). The same numbers up to float rounding, with the
     prompt's share of the work divided by the group size, gradients included.
+
+    ``lazy_head`` (causal models with a plain linear head, :func:`plain_head_weight`): return
+    :class:`HeadLogits` — the head's input — instead of logits, for :func:`token_logprobs` to reduce
+    without (B, T, V) temporaries. Models without such a head return logits as usual.
     """
     t_len = gen_ids.shape[1]
+    head_weight = plain_head_weight(lm) if lazy_head and not is_seq2seq else None
+    if head_weight is not None and torch.is_autocast_enabled(prompt_ids.device.type):
+        head_weight = None  # the head's reduction is written for fp32 logits
     if is_seq2seq:
         prefix = decoder_prefix(decoder_start_id)
         start = torch.tensor(prefix, dtype=gen_ids.dtype, device=gen_ids.device).expand(gen_ids.shape[0], -1)
@@ -117,11 +127,17 @@ def lm_forward(
         return out.logits[:, skip:], hidden
     rows = shared_prompt_rows(prompt_ids, prompt_mask) if share_prompts else None
     if rows is not None:
-        return shared_prompt_forward(lm, prompt_ids, prompt_mask, gen_ids, gen_mask, rows, want_hidden)
+        return shared_prompt_forward(
+            lm, prompt_ids, prompt_mask, gen_ids, gen_mask, rows, want_hidden, head_weight
+        )
     p_len = prompt_ids.shape[1]
     ids = torch.cat([prompt_ids, gen_ids], dim=1)
     mask = torch.cat([prompt_mask, gen_mask.to(prompt_mask.dtype)], dim=1)
     pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    if head_weight is not None:
+        out = lm.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        hidden = out.last_hidden_state[:, p_len - 1 : p_len + t_len - 1]
+        return HeadLogits(hidden, head_weight), (hidden if want_hidden else None)
     kwargs: dict[str, Any] = {}
     if _accepts(lm, "logits_to_keep"):
         kwargs["logits_to_keep"] = t_len + 1
@@ -202,33 +218,47 @@ def shared_prompt_forward(
     gen_mask: torch.Tensor,
     rows: tuple[torch.Tensor, torch.Tensor],
     want_hidden: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    head_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | HeadLogits, torch.Tensor | None]:
     """``lm_forward`` of a causal LM with each distinct prompt run once (``rows`` from
     :func:`shared_prompt_rows`). The prompt pass yields the KV cache and the distribution of the first
     generated token; the cache is repeated per row (an index, so gradients sum back into the one
     prompt pass) and the completions run on top of it. A group of G completions then costs one
     prompt + G completions instead of G prompts + G completions (GRPO's prompts are ~55 of ~105
-    tokens on the IMDB workload)."""
+    tokens on the IMDB workload). With ``head_weight`` (``lm_forward``'s ``lazy_head``) both passes
+    run the base model and the result is :class:`HeadLogits`."""
     inverse = rows[1]
+    model = lm if head_weight is None else lm.base_model
     pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = prefill_distinct(lm, prompt_ids, prompt_mask, pos, rows, output_hidden_states=want_hidden)
+    out = prefill_distinct(
+        model, prompt_ids, prompt_mask, pos, rows, output_hidden_states=want_hidden and head_weight is None
+    )
     cache = cache_of(out)
-    logits = out.logits[:, -1:][inverse]
-    hidden = out.hidden_states[-1][:, -1:][inverse] if want_hidden else None
+    if head_weight is not None:
+        hidden = out.last_hidden_state[:, -1:][inverse]
+        logits = None
+    else:
+        logits = out.logits[:, -1:][inverse]
+        hidden = out.hidden_states[-1][:, -1:][inverse] if want_hidden else None
     if gen_ids.shape[1] > 1:  # the last token's own distribution chooses nothing
         mask = torch.cat([prompt_mask, gen_mask[:, :-1].to(prompt_mask.dtype)], dim=1)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, prompt_ids.shape[1] :]
-        out = lm(
+        out = model(
             input_ids=gen_ids[:, :-1],
             attention_mask=mask,
             position_ids=pos,
             use_cache=True,
-            output_hidden_states=want_hidden,
-            **{cache_kwarg(lm): cache},
+            output_hidden_states=want_hidden and head_weight is None,
+            **{cache_kwarg(model): cache},
         )
-        logits = torch.cat([logits, out.logits], dim=1)
-        if want_hidden:
-            hidden = torch.cat([hidden, out.hidden_states[-1]], dim=1)
+        if head_weight is not None:
+            hidden = torch.cat([hidden, out.last_hidden_state], dim=1)
+        else:
+            logits = torch.cat([logits, out.logits], dim=1)
+            if want_hidden:
+                hidden = torch.cat([hidden, out.hidden_states[-1]], dim=1)
+    if head_weight is not None:
+        return HeadLogits(hidden, head_weight), (hidden if want_hidden else None)
     return logits, hidden
 
 
@@ -262,10 +292,14 @@ class ActorCritic(nn.Module):
         self.decoder_start_id = decoder_start_of(lm, is_seq2seq)
 
     def forward_tokens(
-        self, batch: dict[str, torch.Tensor], want_values: bool = True, share_prompts: bool = False
+        self,
+        batch: dict[str, torch.Tensor],
+        want_values: bool = True,
+        share_prompts: bool = False,
+        lazy_head: bool = False,
     ):
         """Logits (B, T, V) for the generated tokens and values (B, T) of the states that chose them.
-        ``share_prompts``: see :func:`lm_forward`."""
+        ``share_prompts``, ``lazy_head``: see :func:`lm_forward`."""
         shared = want_values and self.critic is None
         logits, hidden = lm_forward(
             self.lm,
@@ -277,6 +311,7 @@ class ActorCritic(nn.Module):
             self.decoder_start_id,
             want_hidden=shared,
             share_prompts=share_prompts,
+            lazy_head=lazy_head,
         )
         values = None
         if want_values:
@@ -380,29 +415,35 @@ def kl_from_logprobs(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor
     return (p * (logp - ref_logp).masked_fill(p == 0, 0.0)).sum(-1)
 
 
-def _normaliser_without(x: torch.Tensor, lse: torch.Tensor, token: int) -> torch.Tensor:
-    """log sum_{v != token} exp(x_v) from the full log-sum-exp: lse + log(1 - p_token). No pass over
-    the vocabulary (the two-slice log-sum-exp it replaces read the (B, T, V) logits twice more, forward
-    and backward: ~0.5 s of a GRPO update on SmolLM2). Where p_token > 1/2 the subtraction would
-    lose precision; those rows (rare: EOS is banned because the model wants to stop) take the exact
-    slice log-sum-exp."""
-    log_p = x[..., token] - lse
+def _normaliser_without(
+    x_token: torch.Tensor, lse: torch.Tensor, exact: Callable[[], torch.Tensor]
+) -> torch.Tensor:
+    """log sum_{v != token} exp(x_v) from the full log-sum-exp: lse + log(1 - p_token), given the
+    token's logit ``x_token``. No pass over the vocabulary (the two-slice log-sum-exp it replaces read
+    the (B, T, V) logits twice more, forward and backward: ~0.5 s of a GRPO update on SmolLM2). Where
+    p_token > 1/2 the subtraction would lose precision; those rows (rare: EOS is banned because the
+    model wants to stop) take ``exact()``, the slice log-sum-exp over the vocabulary."""
+    log_p = x_token - lse
     half = -math.log(2.0)
     # clamped: the rows replaced below must not carry log1p(-1) = -inf (its gradient is NaN, and
     # torch.where passes NaN gradients of the branch it does not take)
     out = lse + torch.log1p(-torch.exp(log_p.clamp(max=half)))
     risky = log_p > half
     if bool(risky.any()):
-        parts = [x[..., :token], x[..., token + 1 :]]
-        exact = torch.logsumexp(
-            torch.stack([torch.logsumexp(p, dim=-1) for p in parts if p.shape[-1]], dim=-1), dim=-1
-        )
-        out = torch.where(risky, exact, out)
+        out = torch.where(risky, exact(), out)
     return out
 
 
+def _logsumexp_without(x: torch.Tensor, token: int) -> torch.Tensor:
+    """log sum_{v != token} exp(x_v) over the last dimension, exactly (two slices)."""
+    parts = [x[..., :token], x[..., token + 1 :]]
+    return torch.logsumexp(
+        torch.stack([torch.logsumexp(p, dim=-1) for p in parts if p.shape[-1]], dim=-1), dim=-1
+    )
+
+
 def token_logprobs(
-    logits: torch.Tensor,
+    logits: torch.Tensor | HeadLogits,
     actions: torch.Tensor,
     temperature: float,
     support: torch.Tensor | EosBan | None,
@@ -417,7 +458,15 @@ def token_logprobs(
     further pass over the vocabulary). With a vocabulary of 49k and 16 x 48 tokens each saved (B, T, V)
     pass is ~150 MB of memory traffic, which the update of a 135M model pays on every minibatch. The entropy (a statistic,
     no gradient) costs one more pass. A (B, T, V) support mask (top-k, top-p, NLPO) takes the general path.
+
+    ``logits`` may be :class:`HeadLogits` (the LM head's input, from ``lm_forward(lazy_head=True)``):
+    then no (B, T, V) tensor is allocated beyond the one the fused head reduces in place
+    (:mod:`engine.models.head`); a (B, T, V) support mask materialises the logits first.
     """
+    if isinstance(logits, HeadLogits):
+        if support is None or isinstance(support, EosBan):
+            return _head_token_logprobs(logits, actions, temperature, support, want_entropy)
+        logits = logits.materialize()
     x = logits.float()
     if temperature != 1.0:
         x = x / temperature
@@ -430,7 +479,10 @@ def token_logprobs(
         n = min(support.steps, x.shape[-2])
         sampled = full_lp
         if n > 0:
-            banned = _normaliser_without(x[..., :n, :], lse[..., :n], support.eos_id)
+            eos = support.eos_id
+            banned = _normaliser_without(
+                x[..., :n, eos], lse[..., :n], lambda: _logsumexp_without(x[..., :n, :], eos)
+            )
             sampled = torch.cat([chosen[..., :n] - banned, full_lp[..., n:]], dim=-1)
     else:
         sampled = gather_logprobs(restrict_logprobs(x - lse.unsqueeze(-1), support), actions)
@@ -443,4 +495,36 @@ def token_logprobs(
             entropy = lsed - (p.unsqueeze(-2) @ xd.unsqueeze(-1)).squeeze(-1).squeeze(-1)
             if not bool(torch.isfinite(entropy).all()):  # a logit of -inf: p_v x_v = 0 * -inf
                 entropy = lsed - torch.where(p > 0, p * xd, torch.zeros((), dtype=p.dtype)).sum(-1)
+    return sampled, full_lp, entropy
+
+
+def _head_token_logprobs(
+    head: HeadLogits,
+    actions: torch.Tensor,
+    temperature: float,
+    support: EosBan | None,
+    want_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`token_logprobs` from the head's input: the log-sum-exp (and entropy) from
+    :func:`head_logsumexp`, the chosen and EOS logits as dot products with rows of the head's weight."""
+    scale = 1.0 / temperature
+    hidden, weight = head.hidden, head.weight
+    lse, entropy = head_logsumexp(hidden, weight, scale, want_entropy)
+    if entropy is not None:
+        entropy = entropy.detach()
+    chosen = head_logits_at(hidden, weight, actions) * scale
+    full_lp = chosen - lse
+    sampled = full_lp
+    if isinstance(support, EosBan):
+        n = min(support.steps, hidden.shape[-2])
+        if n > 0:
+            eos = support.eos_id
+            h = hidden[..., :n, :]
+            x_eos = head_logits_at(h, weight, torch.tensor(eos, device=hidden.device)) * scale
+
+            def exact() -> torch.Tensor:  # rare: rows where p(EOS) > 1/2
+                return _logsumexp_without((h @ weight.t()) * scale, eos)
+
+            banned = _normaliser_without(x_eos, lse[..., :n], exact)
+            sampled = torch.cat([chosen[..., :n] - banned, full_lp[..., n:]], dim=-1)
     return sampled, full_lp, entropy

@@ -80,6 +80,15 @@ NLPO_MASK = {"top_mask": 0.1, "min_tokens_to_keep": 100, "mask_update_interval":
 #   NLPO digit_fraction  seeds 0-4: first 0.012/0.022/0.024/0.032/0.030, last 0.92/0.65/0.82/0.84/0.64
 #   NLPO shuffled        seeds 0-4: first 0.021/0.020/0.027/0.024/0.010, last 0.014/0.017/0.002/0.003/0.009
 #   NLPO action space: 7.5 % of the vocabulary at every rollout (NLPO_MASK; one thread, 37-47 s of CPU a run).
+# Re-measured on 2026-12-01 after the sampler changed (inverse transform with the batch generator's
+# uniforms instead of torch.multinomial, so every seeded run samples other tokens; docs/engine.md):
+#   PPO  digit_fraction  seeds 0-3: first 0.031/0.028/0.035/0.038, last 1.00/1.00/0.96/0.98
+#   PPO  shuffled        seeds 0,1: first 0.017/0.023,             last 0.019/0.019
+#   NLPO digit_fraction  seeds 0-7: first 0.029/0.020/0.011/0.030/0.019/0.034/0.026/0.022,
+#                                   last  0.95/1.00/0.00/0.68/0.52/0.83/0.97/0.75
+#                        (seed 2 is the absorbing state described below: the fixed mask offered too few
+#                        digits at the start)
+#   NLPO shuffled        seeds 0,1: first 0.019/0.015,             last 0.012/0.023
 # Earlier settings (lr 2e-2, 8 iterations, bf16) left PPO seed 2 at 0.02 after 12 iterations: the take-off
 # iteration varies a lot between seeds.
 

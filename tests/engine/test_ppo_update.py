@@ -121,15 +121,21 @@ def test_target_kl_stops_before_the_minibatch_that_exceeds_it(tiny_dirs):
 def test_target_kl_inside_an_accumulation_group_discards_the_whole_group(tiny_dirs):
     """With grad_accumulation = 2, a stop on the second minibatch of a group must not apply the first
     minibatch's (already accumulated) gradient either."""
-    policy, batch, adv, ret = rollout(tiny_dirs)
     opts = {"n_epochs": 4, "minibatch_size": 2, "grad_accumulation": 2}
-    probe_policy = copy.deepcopy(policy)
-    probe, stats = run_update(probe_policy, batch, adv, ret, Recording, **opts)
-    assert stats["policy/n_updates"] == 8
-    # second minibatches of groups (odd indices) whose KL clearly exceeds everything before them
-    jumps = [(probe.kls[j] / max(max(probe.kls[:j]), 1e-12), j) for j in range(3, len(probe.kls), 2)]
-    ratio, j = max(jumps)
-    assert ratio > 1.2, probe.kls
+    # The scenario needs a second minibatch of a group (odd index) whose KL clearly exceeds everything
+    # before it; whether a rollout has one depends on its tokens, so take the first seed that does.
+    seen = []
+    for seed in range(6):
+        policy, batch, adv, ret = rollout(tiny_dirs, seed=seed)
+        probe, stats = run_update(copy.deepcopy(policy), batch, adv, ret, Recording, **opts)
+        assert stats["policy/n_updates"] == 8
+        jumps = [(probe.kls[j] / max(max(probe.kls[:j]), 1e-12), j) for j in range(3, len(probe.kls), 2)]
+        ratio, j = max(jumps)
+        seen.append(probe.kls)
+        if ratio > 1.2:
+            break
+    else:
+        pytest.fail(f"no rollout of seeds 0-5 has a clear KL jump on a group's second minibatch: {seen}")
     target_kl = (max(probe.kls[:j]) * probe.kls[j]) ** 0.5 / 1.5
 
     stopped = copy.deepcopy(policy)

@@ -1,0 +1,167 @@
+"""The fused LM-head reduction (``engine.models.head``, ``lm_forward(lazy_head=True)``) and the CPU
+allocator setting (``engine.models.memory``).
+
+The fused path must give the numbers of the logits path — log-probs, entropy and gradients into the
+hidden states and the (tied) head weight — or every GRPO ratio, KL and step would silently change.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from engine.models.head import HeadLogits, head_logsumexp, plain_head_weight
+from engine.models.policy import EosBan, lm_forward, token_logprobs
+from engine.rollout import tokenize_prompts
+
+
+def _case(seed: int = 0, v: int = 300, h: int = 16):
+    g = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(v, h, generator=g) * 0.5).requires_grad_()
+    hidden = torch.randn(3, 5, h, generator=g).requires_grad_()
+    actions = torch.randint(0, v, (3, 5), generator=g)
+    return hidden, weight, actions
+
+
+def _run(logits_or_head, hidden, weight, actions, temperature, support):
+    hidden.grad = weight.grad = None
+    sampled, full, entropy = token_logprobs(logits_or_head, actions, temperature, support)
+    coef = torch.linspace(-1.0, 2.0, sampled.numel()).view_as(sampled)
+    ((sampled * coef).sum() + 0.3 * full.sum()).backward()
+    return sampled.detach(), full.detach(), entropy, hidden.grad.clone(), weight.grad.clone()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("support", [None, EosBan(eos_id=7, steps=3)])
+def test_fused_head_matches_the_logits_path_with_gradients(temperature, support):
+    hidden, weight, actions = _case()
+    plain = _run(hidden @ weight.t(), hidden, weight, actions, temperature, support)
+    fused = _run(HeadLogits(hidden, weight), hidden, weight, actions, temperature, support)
+    for name, a, b in zip(("sampled", "full", "entropy", "d hidden", "d weight"), plain, fused, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
+    # and the values are right, not merely equal: log p(a) against a float64 log-softmax
+    x = (hidden.detach() @ weight.detach().t()).double() / temperature
+    truth = torch.log_softmax(x, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(fused[1].double(), truth, atol=1e-5)
+    p = torch.softmax(x, -1)
+    assert torch.allclose(fused[2].double(), -(p * p.log()).sum(-1), atol=1e-4)
+
+
+def test_fused_head_eos_ban_where_eos_is_most_likely():
+    """Rows where p(EOS) > 1/2 take the exact normaliser (the closed form would lose precision)."""
+    hidden, weight, actions = _case(seed=1)
+    with torch.no_grad():
+        weight[7] = hidden.detach()[0, 0] * 3.0  # EOS dominates row (0, 0)
+    x = (hidden.detach() @ weight.detach().t()).double()
+    assert torch.softmax(x, -1)[0, 0, 7] > 0.5
+    support = EosBan(eos_id=7, steps=2)
+    plain = _run(hidden @ weight.t(), hidden, weight, actions, 1.0, support)
+    fused = _run(HeadLogits(hidden, weight), hidden, weight, actions, 1.0, support)
+    for a, b in zip(plain, fused, strict=True):
+        assert torch.isfinite(b).all() and torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+    banned = x.clone()
+    banned[..., :2, 7] = float("-inf")
+    truth = torch.log_softmax(banned, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(fused[0].double(), truth, atol=1e-5)
+
+
+def test_fused_logsumexp_spans_row_blocks():
+    """More rows than one block holds (the forward reduces the logits block by block)."""
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(70_000, 4, generator=g)  # > 29 rows per 2M-float block at V = 70k
+    hidden = torch.randn(100, 4, generator=g)
+    lse, entropy = head_logsumexp(hidden, weight, 0.5, want_entropy=True)
+    x = (hidden @ weight.t()).double() * 0.5
+    assert torch.allclose(lse.double(), torch.logsumexp(x, -1), atol=1e-4)
+    p = torch.softmax(x, -1)
+    assert torch.allclose(entropy.double(), -(p * p.log()).sum(-1), atol=1e-3)
+
+
+def test_fused_backward_runs_once():
+    hidden, weight, _ = _case()
+    lse, _ = head_logsumexp(hidden, weight)
+    lse.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="runs once"):
+        lse.sum().backward()
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_lazy_head_forward_equals_the_plain_forward(make_policy, share):
+    """A real (tiny GPT-2, tied embeddings) model through ``lm_forward``: the lazy head's log-probs and
+    every parameter's gradient equal the logits path's, with and without shared prompts."""
+    policy, tok = make_policy("causal")
+    policy.eval()
+    assert plain_head_weight(policy.lm) is policy.lm.get_output_embeddings().weight
+    prompts = ["The movie was long and"] * 3 + ["A much longer prompt with clearly more tokens"] * 3
+    pi, pm = tokenize_prompts(tok, prompts, 32, torch.device("cpu"), "left")
+    gen = torch.randint(0, tok.vocab_size, (6, 7), generator=torch.Generator().manual_seed(4))
+    gm = torch.ones(6, 7)
+    gm[1, 4:] = 0
+    results = []
+    for lazy in (False, True):
+        policy.zero_grad(set_to_none=True)
+        logits, hidden = lm_forward(
+            policy.lm, False, pi, pm, gen, gm, None, want_hidden=True, share_prompts=share, lazy_head=lazy
+        )
+        assert isinstance(logits, HeadLogits) == lazy
+        sampled, full, entropy = token_logprobs(logits, gen, 0.9, EosBan(tok.eos_token_id, 3))
+        ((sampled * gm).sum() + 0.5 * (full * gm).sum() + hidden.pow(2).mean()).backward()
+        grads = {n: p.grad.clone() for n, p in policy.lm.named_parameters() if p.grad is not None}
+        results.append((sampled.detach(), full.detach(), entropy, hidden.detach(), grads))
+    (s0, f0, e0, h0, g0), (s1, f1, e1, h1, g1) = results
+    assert torch.allclose(s0, s1, atol=1e-5) and torch.allclose(f0, f1, atol=1e-5)
+    assert torch.allclose(e0, e1, atol=1e-4) and torch.equal(h0, h1)
+    assert g0.keys() == g1.keys() and len(g0) > 10
+    for name, g in g0.items():
+        # summation order differs (the head's gradient is one product, not softmax minus one-hot):
+        # float rounding of ~2e-5 on gradients of magnitude ~10
+        assert torch.allclose(g, g1[name], atol=1e-4, rtol=1e-4), name
+
+
+def test_models_without_a_plain_head_keep_the_logits_path(make_policy):
+    policy, _ = make_policy("seq2seq")
+    assert plain_head_weight(policy.lm) is None  # T5 scales its hidden states before the head
+    causal, _ = make_policy("causal")
+    causal.lm.config.model_type = "gemma2"  # soft-capped logits: not a plain head
+    assert plain_head_weight(causal.lm) is None
+
+
+_PROBE = textwrap.dedent(
+    """
+    import ctypes, sys, torch
+    class M(ctypes.Structure):  # glibc's struct mallinfo2
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                     "fordblks", "keepcost")]
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = M
+    if sys.argv[1] == "retain":
+        from engine.models.memory import retain_freed_memory
+        assert retain_freed_memory() and retain_freed_memory()
+    before = libc.mallinfo2().hblkhd  # blocks mapped at import stay mapped either way
+    x = torch.ones(64 << 18)  # 64 MB
+    mapped = libc.mallinfo2().hblkhd - before
+    del x
+    kept = libc.mallinfo2().fordblks
+    print(mapped, kept)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc is the subject")
+def test_retained_memory_serves_big_tensors_from_the_heap_and_keeps_them():
+    """Without the setting a 64 MB tensor is its own mmap, unmapped when freed; with it the tensor
+    comes from the heap and its pages stay in the process for the next step's tensors."""
+    out = {}
+    for mode in ("default", "retain"):
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, timeout=120, check=True
+        )
+        out[mode] = [int(v) for v in proc.stdout.split()]
+    mb = 1 << 20
+    assert out["default"][0] >= 64 * mb  # mmap'd
+    assert out["retain"][0] < mb and out["retain"][1] >= 64 * mb  # heap, then kept free in the heap
