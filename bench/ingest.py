@@ -501,9 +501,34 @@ READ_MARKS = """() => {
 }"""
 
 
+def first_screen_drawn(n_charts: int) -> str:
+    """JS predicate: the page has its ``n_charts`` chart elements and every one of them in the first
+    screen is drawn (Plotly's SVG and the ``data-points`` mark charts.js sets after drawing it). The
+    run page draws charts below the first screen when they come near it (IntersectionObserver).
+    A function, not an expression: the page's CSP forbids the eval Playwright uses for expressions."""
+    return (
+        "() => { const c = Array.from(document.querySelectorAll('.chart'));"
+        f" return c.length >= {n_charts} && c.filter((el) => el.getBoundingClientRect().top < innerHeight)"
+        ".every((el) => el.dataset.points && el.querySelector('.main-svg')); }"
+    )
+
+
+def scroll_through(page: Any, timeout_ms: int = 60_000) -> float:
+    """Scroll to each chart of the page in turn (as a reader scrolling down) and wait until it is
+    drawn; the page-clock milliseconds from the first scroll to the last chart drawn."""
+    start = page.evaluate("() => performance.now()")
+    charts = page.locator(".chart")
+    for i in range(charts.count()):
+        charts.nth(i).scroll_into_view_if_needed()
+        charts.nth(i).locator(".main-svg").first.wait_for(timeout=timeout_ms)
+    drawn = page.evaluate("() => Math.max(...Object.values(window.__draws))")
+    return drawn - start
+
+
 def browser_page_load(port: int, cookie: str, run_id: int) -> dict[str, Any] | str:
-    """Navigation start → every chart drawn, in Debian chromium (empty cache, then cached), from the
-    page's own marks (bench/run_page.py's definition; it has more visits and a breakdown)."""
+    """Navigation start → every chart of the first screen drawn, in Debian chromium (empty cache, then
+    cached), from the page's own marks, then the rest of the page scrolled through (bench/run_page.py's
+    definitions; it has more visits and a breakdown)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -515,10 +540,6 @@ def browser_page_load(port: int, cookie: str, run_id: int) -> dict[str, Any] | s
     from webapp.runs.views import metric_group
 
     n_charts = len({metric_group(k) for k in KEYS})
-    every_chart = (
-        "() => { const c = Array.from(document.querySelectorAll('.chart'));"
-        f" return c.length >= {n_charts} && c.every((el) => el.dataset.points && el.querySelector('.main-svg')); }}"
-    )
     url = f"http://127.0.0.1:{port}/runs/{run_id}/"
     marks = []
     with sync_playwright() as p:
@@ -535,21 +556,22 @@ def browser_page_load(port: int, cookie: str, run_id: int) -> dict[str, Any] | s
         for _ in range(3):  # a first visit, then two repeat visits in the same context
             page = ctx.new_page()
             page.goto(url, wait_until="domcontentloaded", timeout=60_000)
-            page.wait_for_function(every_chart, timeout=60_000)  # every chart of the page drawn
+            page.wait_for_function(first_screen_drawn(n_charts), timeout=60_000)
             m = page.evaluate(READ_MARKS)  # in-page marks from navigation start: no polling in them
-            times = [c["t"] for c in m["charts"]]
+            times = [c["t"] for c in m["charts"] if c.get("t") is not None]
             marks.append(
                 {
                     "dom_content_loaded": m["dom_content_loaded"],
                     "first_chart": min(times),
-                    "all_series_drawn": max(times),
+                    "first_screen_drawn": max(c["t"] for c in m["charts"] if c["onScreen"]),
+                    "rest_scrolled_through_ms": scroll_through(page),
                 }
             )
             page.close()
         browser.close()
     return {
         "first": marks[0],
-        "repeat_median_all_drawn": statistics.median(m["all_series_drawn"] for m in marks[1:]),
+        "repeat_median_first_screen": statistics.median(m["first_screen_drawn"] for m in marks[1:]),
         "repeats": marks[1:],
     }
 

@@ -29,6 +29,15 @@
   const sliderValue = document.getElementById("smoothing-value");
   let alpha = slider ? parseFloat(slider.value) : 0;
 
+  // Charts are drawn when they come near the screen (the compare page's rule): a first visit draws
+  // the first screen's charts only, and those below it as the page scrolls (300 px ahead).
+  const observer = "IntersectionObserver" in window ? new IntersectionObserver((entries) => {
+    entries.forEach((e) => {
+      const chart = e.isIntersecting && state.charts.get(e.target.dataset.group);
+      if (chart) { chart.show(); observer.unobserve(e.target); }
+    });
+  }, { rootMargin: "300px 0px" }) : null;
+
   function chartFor(key) {
     let gid = state.keyGroup.get(key);
     if (!gid) { gid = GC.groupOf(key, cfg.groups); state.keyGroup.set(key, gid); }
@@ -55,9 +64,10 @@
         return other && order.indexOf(other.dataset.group) > order.indexOf(gid);
       });
       container.insertBefore(card, before || null);
-      chart = new GC.ChartGroup(el, { title: meta.title, alpha: alpha, onZoom: zoom });
+      chart = new GC.ChartGroup(el, { title: meta.title, alpha: alpha, onZoom: zoom, lazy: observer !== null });
       chart.keys = new Set();
       state.charts.set(gid, chart);
+      if (observer) observer.observe(el);
     }
     chart.keys.add(key);
     return chart;
