@@ -88,6 +88,13 @@ def test_cli_run_streams_through_a_cut_connection_with_nothing_lost_or_duplicate
             what="four iterations trained during the outage",
         )
         assert _stored_steps(run.pk) <= cut_at + 1  # (one batch may have been in flight at the cut)
+        # The outage lasts until the client has met it (a send that failed and was kept): on a fast
+        # machine the four iterations can end while the first send through the cut still waits.
+        wait_for(
+            lambda: alive() and "buffering and retrying" in (tmp_path / "cli.err").read_text(),
+            timeout=120,
+            what="the client buffering during the outage",
+        )
         proxy.restore()
         out, _ = proc.communicate(timeout=300)
     finally:
