@@ -167,3 +167,29 @@ def test_series_answers_gzip_with_the_status_of_one_run_read(
     assert body["status"]["progress"] == 0.5 and body["run"] == {"id": run.pk, "name": run.name}
     assert set(body["series"]) == {"train/reward_mean", "loss/policy"}
     assert researcher_client.get("/runs/999999/series.json").status_code == 404
+
+
+@pytest.mark.django_db
+def test_series_from_the_cached_text_is_fresh_where_it_must_be(
+    researcher_client: Client, researcher: Any
+) -> None:
+    """The series part is served from the chart cache as finished JSON: the same body as computed,
+    a new point of the run is in the next answer (the cache is versioned by the newest metric id),
+    and the run's name and status are always read fresh (they change without a new point)."""
+    run = services.create_run(TINY, user=researcher)
+    services.ingest_metrics(run.pk, [("train/reward_mean", s, s / 3) for s in range(10)])
+    url = f"/runs/{run.pk}/series.json?max_points=1000"
+    first = json.loads(researcher_client.get(url).content)
+    again = json.loads(researcher_client.get(url).content)  # from the cached text
+    assert again == first and first["series"]["train/reward_mean"]["x"] == list(range(10))
+    assert first["groups"] == {"train/reward_mean": "reward"}
+    Run.objects.filter(pk=run.pk).update(name="renamed", status=RunStatus.SUCCEEDED, progress=1.0)
+    renamed = json.loads(researcher_client.get(url).content)
+    assert renamed["run"]["name"] == "renamed" and renamed["status"]["status"] == "succeeded"
+    assert renamed["series"] == first["series"]
+    services.ingest_metrics(run.pk, [("train/reward_mean", 10, 9.0), ("loss/policy", 0, 1.5)])
+    grown = json.loads(researcher_client.get(url).content)
+    assert grown["series"]["train/reward_mean"]["x"][-1] == 10 and grown["series"]["loss/policy"]["y"] == [
+        1.5
+    ]
+    assert grown["cursor"] > first["cursor"]

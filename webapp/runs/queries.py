@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -457,6 +457,21 @@ def metric_series_many(
     keys = list(keys) if keys is not None else metric_keys(run_id)
     version = _series_version(run_id)
     return {k: metric_series(run_id, k, max_points=max_points, x0=x0, x1=x1, _version=version) for k in keys}
+
+
+def cached_text(run_id: int, ident: list[Any], build: Callable[[], str]) -> str:
+    """``build()``'s text, cached per (run identity, newest metric id, ``ident``) like
+    :func:`metric_series`: a run page's overview of 20 series is one cache read of its finished JSON
+    (~230 kB) instead of 20 reads, their decoding and the response's encoding (~30 ms of the web
+    server's CPU, which on a 2-core machine a first visit's browser is waiting for)."""
+    version, run_ident = _series_version(run_id)
+    ck = "grue:text:" + hashlib.sha1(json.dumps([run_ident, version, ident]).encode()).hexdigest()
+    cached = _cache_get(ck)
+    if isinstance(cached, str):
+        return cached
+    text = build()
+    _cache_set(ck, text)
+    return text
 
 
 def metric_cursor(run_id: int) -> int:
