@@ -46,6 +46,11 @@ def plain_head_weight(lm: Any) -> torch.Tensor | None:
         return None
     if getattr(lm, "base_model", lm) is lm:
         return None
+    # The lazy path calls the base model, not ``lm``: hooks on ``lm`` itself would be skipped. FSDP2
+    # (resources.strategy fsdp) all-gathers the root group — embeddings, tied head, final norm — in
+    # such a hook, and its parameters are sharded DTensors outside it.
+    if lm._forward_pre_hooks or lm._forward_hooks or type(head.weight.data) is not torch.Tensor:
+        return None
     return head.weight
 
 

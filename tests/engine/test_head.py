@@ -128,6 +128,14 @@ def test_models_without_a_plain_head_keep_the_logits_path(make_policy):
     causal, _ = make_policy("causal")
     causal.lm.config.model_type = "gemma2"  # soft-capped logits: not a plain head
     assert plain_head_weight(causal.lm) is None
+    hooked, _ = make_policy("causal")
+    assert plain_head_weight(hooked.lm) is not None
+    # a hook on the model itself (FSDP2 all-gathers its root group in one) would be skipped by the
+    # lazy path, which calls the base model: such models keep the logits path
+    handle = hooked.lm.register_forward_pre_hook(lambda module, args: None)
+    assert plain_head_weight(hooked.lm) is None
+    handle.remove()
+    assert plain_head_weight(hooked.lm) is not None
 
 
 _PROBE = textwrap.dedent(
