@@ -16,8 +16,9 @@ first screen with Plotly's SVG and the ``data-points`` mark charts.js sets after
 2026-11-30 to 2026-12-01 the mark was every chart of the page, all drawn without scrolling, and
 before that this bench counted ``.main-svg`` elements, of which Plotly makes 3 per chart); then the
 rest of the page scrolled through chart by chart (first scroll → last chart drawn). Also: the
-renderer's script, layout and main-thread time up to the first screen (Chrome's Performance metrics: less sensitive to other jobs on a shared machine than wall time), the
-number of requests and the bytes transferred (resource timing; 0 for a cache hit).
+renderer's script, layout and main-thread time up to the first screen (Chrome's Performance metrics:
+less sensitive to other jobs on a shared machine than wall time), the number of requests and the
+bytes transferred (resource timing; 0 for a cache hit).
 
 ``--variants`` compares bundles under the same machine load: visits alternate between them, and the
 browser gets each bundle's bytes from Playwright (the same way for every variant): ``partial`` is

@@ -61,10 +61,6 @@ class HeadLogits:
     hidden: torch.Tensor
     weight: torch.Tensor
 
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((*self.hidden.shape[:-1], self.weight.shape[0]))
-
     def materialize(self) -> torch.Tensor:
         return self.hidden @ self.weight.t()
 
@@ -125,9 +121,9 @@ def head_logsumexp(
     return lse.view(lead), (entropy.view(lead) if want_entropy else None)
 
 
-def head_logits_at(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """The logit of ``tokens`` (same leading shape as ``hidden`` without H, or a scalar id) as a dot
-    product with single rows of the head's weight: no (B, T, V) tensor."""
-    if tokens.dim() == 0:
+def head_logits_at(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor | int) -> torch.Tensor:
+    """The logit of ``tokens`` (same leading shape as ``hidden`` without H, or one token id for every
+    row) as a dot product with single rows of the head's weight: no (B, T, V) tensor."""
+    if isinstance(tokens, int):
         return hidden @ weight[tokens]
     return (hidden * weight[tokens]).sum(-1)

@@ -10,7 +10,7 @@ trimming limited, freed blocks return to the heap and the next step reuses them,
 tcmalloc that CPU training guides preload would. The cost is that the process keeps its high-water
 mark of heap (what a training process reaches again at the next step anyway).
 
-Set once per training process (``engine.train``/``engine.evaluate`` on CPU, ``resources.retain_freed_memory``),
+Set once per training process (when a trainer starts on the CPU with ``resources.retain_freed_memory``),
 never at import: the web server and other importers keep glibc's defaults.
 """
 
@@ -40,11 +40,10 @@ def retain_freed_memory() -> bool:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        version = libc.gnu_get_libc_version  # glibc only: musl has mallopt but ignores it
+        libc.gnu_get_libc_version  # noqa: B018 - glibc only: musl has mallopt but ignores it
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    version.restype = ctypes.c_char_p
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     if mallopt(_M_MMAP_MAX, 0) != 1 or mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) != 1:

@@ -520,7 +520,7 @@ def _head_token_logprobs(
         if n > 0:
             eos = support.eos_id
             h = hidden[..., :n, :]
-            x_eos = head_logits_at(h, weight, torch.tensor(eos, device=hidden.device)) * scale
+            x_eos = head_logits_at(h, weight, eos) * scale
 
             def exact() -> torch.Tensor:  # rare: rows where p(EOS) > 1/2
                 return _logsumexp_without((h @ weight.t()) * scale, eos)

@@ -452,26 +452,30 @@ def metric_series_many(
     max_points: int = 2000,
     x0: float | None = None,
     x1: float | None = None,
+    _version: tuple[int, list[Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``metric_series`` for several keys (all keys of the run by default)."""
     keys = list(keys) if keys is not None else metric_keys(run_id)
-    version = _series_version(run_id)
+    version = _version or _series_version(run_id)
     return {k: metric_series(run_id, k, max_points=max_points, x0=x0, x1=x1, _version=version) for k in keys}
 
 
-def cached_text(run_id: int, ident: list[Any], build: Callable[[], str]) -> str:
-    """``build()``'s text, cached per (run identity, newest metric id, ``ident``) like
-    :func:`metric_series`: a run page's overview of 20 series is one cache read of its finished JSON
-    (~230 kB) instead of 20 reads, their decoding and the response's encoding (~30 ms of the web
-    server's CPU, which on a 2-core machine a first visit's browser is waiting for)."""
-    version, run_ident = _series_version(run_id)
-    ck = "grue:text:" + hashlib.sha1(json.dumps([run_ident, version, ident]).encode()).hexdigest()
-    cached = _cache_get(ck)
-    if isinstance(cached, str):
-        return cached
-    text = build()
-    _cache_set(ck, text)
-    return text
+def cached_series_text(
+    run_id: int, ident: list[Any], build: Callable[[tuple[int, list[Any]]], str]
+) -> tuple[int, str]:
+    """``(cursor, text)``: the run's newest metric id, read first, and ``build(version)``'s text,
+    cached per (run identity, that id, ``ident``) like :func:`metric_series` (``build`` passes the
+    version on to :func:`metric_series_many`, so nothing reads it twice). A run page's overview of 20
+    series is then one cache read of its finished JSON (~230 kB) instead of 20 reads, their decoding
+    and the response's encoding (~30 ms of the web server's CPU, which on a 2-core machine a first
+    visit's browser is waiting for)."""
+    version = _series_version(run_id)
+    ck = "grue:text:" + hashlib.sha1(json.dumps([version[1], version[0], ident]).encode()).hexdigest()
+    text = _cache_get(ck)
+    if not isinstance(text, str):
+        text = build(version)
+        _cache_set(ck, text)
+    return version[0], text
 
 
 def metric_cursor(run_id: int) -> int:

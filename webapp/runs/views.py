@@ -454,16 +454,17 @@ def run_series(request: HttpRequest, pk: int) -> HttpResponse:
         return JsonResponse({"error": str(exc)}, status=400)
     keys_raw = request.GET.get("keys", "")
     keys = [k for k in keys_raw.split(",") if k] if keys_raw else None
-    cursor = queries.metric_cursor(run.pk)
 
-    def series_json() -> str:
-        series = queries.metric_series_many(run.pk, keys, max_points=max_points, x0=x0, x1=x1)
+    def series_json(version: tuple[int, list[Any]]) -> str:
+        series = queries.metric_series_many(
+            run.pk, keys, max_points=max_points, x0=x0, x1=x1, _version=version
+        )
         groups = {k: metric_group(k) for k in series}
         return json.dumps({"series": series, "groups": groups}, cls=DjangoJSONEncoder)
 
-    # The series part comes from the chart cache as finished JSON text; the run's name, cursor and
-    # status are read fresh and spliced in front of it (one object either way).
-    tail = queries.cached_text(run.pk, ["series.json", keys, max_points, x0, x1], series_json)
+    # The series part comes from the chart cache as finished JSON text (the cursor is the newest metric
+    # id read before it); the run's name and status are read fresh and spliced in front of it.
+    cursor, tail = queries.cached_series_text(run.pk, ["series.json", keys, max_points, x0, x1], series_json)
     head = json.dumps(
         {"run": {"id": run.pk, "name": run.name}, "cursor": cursor, "status": protocol.status_message(run)},
         cls=DjangoJSONEncoder,
