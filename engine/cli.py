@@ -161,6 +161,23 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """The API token: ``GRUE_TOKEN`` from the environment first, ``--token`` only without it. Why: a
+    command line is readable by every user of the machine (``ps``) and lands in shell histories."""
+    env = os.environ.get("GRUE_TOKEN")
+    if env:
+        if args.token and args.token != env:
+            print("warning: --token ignored: GRUE_TOKEN is set and takes precedence", file=sys.stderr)
+        return env
+    if args.token:
+        print(
+            "warning: --token on the command line is visible to other users of this machine (ps); "
+            "set GRUE_TOKEN in the environment instead",
+            file=sys.stderr,
+        )
+    return args.token
+
+
 def _remote_sink(args: argparse.Namespace, cfg: RunConfig) -> Any:
     """``--report-to URL --token TOKEN`` (or GRUE_URL/GRUE_TOKEN): create the run on the dashboard and
     stream into it (engine.remote). Fails before training if the server refuses the run or the token."""
@@ -168,7 +185,7 @@ def _remote_sink(args: argparse.Namespace, cfg: RunConfig) -> Any:
     if not url:
         return None
     try:
-        client = Client(url, args.token or os.environ.get("GRUE_TOKEN"))
+        client = Client(url, _token(args))
         run = start_remote_run(client, cfg.to_dict())
     except (ValueError, ApiError) as exc:
         raise CLIError(f"--report-to {url}: {exc}") from None
@@ -190,14 +207,14 @@ def _close_remote(remote: Any) -> None:
 
 def cmd_push(args: argparse.Namespace) -> int:
     try:
-        client = Client(
-            args.report_to or os.environ.get("GRUE_URL"), args.token or os.environ.get("GRUE_TOKEN")
-        )
+        client = Client(args.report_to or os.environ.get("GRUE_URL"), _token(args))
         done = push_outbox(client, args.run_dir)
     except (ValueError, ApiError) as exc:
         raise CLIError(str(exc)) from None
-    for run_id, (sent, dup) in done.items():
-        print(f"run #{run_id}: {sent} batch(es) stored, {dup} already there")
+    for run_id, (sent, dup, refused) in done.items():
+        print(f"run #{run_id}: {sent} batch(es) stored, {dup} already there, {refused} refused")
+        if refused:
+            print(f"warning: refused events are kept in {Path(args.run_dir) / 'remote'}", file=sys.stderr)
     return 0
 
 
@@ -323,7 +340,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="stream the run into a GRUE Studio dashboard (env GRUE_URL); docs/api.md",
     )
     t.add_argument(
-        "--token", help="API token for --report-to (env GRUE_TOKEN; create one at /settings/tokens/)"
+        "--token",
+        help="API token for --report-to; prefer the environment variable GRUE_TOKEN, which wins over this "
+        "option (a command line is visible to other users); create one at /settings/tokens/",
     )
     t.set_defaults(func=cmd_train)
 
@@ -357,7 +376,7 @@ def make_parser() -> argparse.ArgumentParser:
     pu = sub.add_parser("push", help="send a streamed run's undelivered batches (its remote/ outbox)")
     pu.add_argument("run_dir", metavar="RUN_DIR")
     pu.add_argument("--report-to", metavar="URL", help="dashboard URL (env GRUE_URL)")
-    pu.add_argument("--token", help="API token (env GRUE_TOKEN)")
+    pu.add_argument("--token", help="API token (prefer env GRUE_TOKEN, which wins over this option)")
     pu.set_defaults(func=cmd_push)
 
     e = sub.add_parser("eval", help="generate on a split and compute the config's metrics")

@@ -10,10 +10,14 @@ Only the standard library talks HTTP (urllib), so the engine stays free of web d
 imported when a DataFrame is asked for. Errors: ``ApiError`` carries the HTTP status, the server's
 message and the field it names; ``ApiError.retryable`` tells a transient failure (network, 429, 5xx),
 worth sending again, from a bad request, which would fail the same way again.
+
+The token is sent only where it is safe: https, or plain http to this machine (loopback); redirects
+are never followed (``check_server_url``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import urllib.error
@@ -38,6 +42,46 @@ class ApiError(Exception):
         return self.status == 0 or self.status == 429 or self.status >= 500
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` names this machine: ``localhost`` (and ``*.localhost``, RFC 6761) or a loopback
+    IP address written the standard way (``127.0.0.0/8``, ``::1``); ``0177.0.0.1`` and other spellings
+    are not recognised, so they count as remote."""
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_server_url(url: str) -> None:
+    """Refuse a server URL the token must not be sent to: not http(s), no host, or plain ``http`` to
+    anything but this machine (the token and the run's data would cross the network unencrypted).
+    ``ValueError`` says why."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"server URL must be https://HOST[:PORT], got {url!r}")
+    if parsed.username or parsed.password:
+        raise ValueError("server URL must not hold a user or password; the API token authenticates")
+    if parsed.scheme == "http" and not is_loopback_host(parsed.hostname):
+        raise ValueError(
+            f"refusing plain http to {parsed.hostname}: the API token would cross the network "
+            "unencrypted. Use https:// (plain http is accepted only for a loopback address: localhost, "
+            "127.0.0.1, ::1)"
+        )
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: ``Authorization`` would go with them to wherever they point."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises the 3xx as an HTTPError
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 class Client:
     """Calls the API with a token (``Authorization: Bearer``). ``url`` is the site's root."""
 
@@ -48,9 +92,7 @@ class Client:
             raise ValueError("no server URL: pass url= or set GRUE_URL")
         if not token:
             raise ValueError("no API token: pass token= or set GRUE_TOKEN (create one at /settings/tokens/)")
-        parsed = urllib.parse.urlparse(url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValueError(f"server URL must be http(s)://HOST[:PORT], got {url!r}")
+        check_server_url(url)
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
@@ -70,9 +112,17 @@ class Client:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with _OPENER.open(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                where = exc.headers.get("Location", "?") if exc.headers else "?"
+                raise ApiError(
+                    exc.code,
+                    f"the server redirects to {where}; redirects are not followed (the token would be "
+                    "sent on to another address): use the final URL",
+                    "url",
+                ) from None
             raw = exc.read()
             try:
                 info = json.loads(raw)

@@ -9,6 +9,16 @@ backoff (0.5 s doubling to 30 s); training goes on. Every batch carries a client
 (``<run>-<nonce>-<seq>``) that the server stores in the same transaction as the batch's rows, so a
 batch whose reply was lost and is sent again is stored exactly once: nothing is lost or duplicated.
 
+Batches fit the server's limits (docs/api.md): at most ``MAX_BATCH_BYTES`` of JSON (below the API's 8 MiB),
+``MAX_EVENTS`` events and ``MAX_POINTS`` metric points; samples travel in batches of their own, apart from
+metrics, and a samples event too large for one batch is split into parts (the later ones ``append``).
+When the server refuses a batch (a 4xx naming an event), the batch is split in halves until the refused
+events are alone: everything else is stored, and each refused event is set aside on disk
+(``refused-<run id>.jsonl``, with the server's reason) and named in the run's log on the dashboard. A
+batch the server keeps failing with a 500 while it accepts an empty batch (a "poison" batch) is
+treated the same way after ``POISON_ATTEMPTS`` tries, so it never blocks the batches behind it; during
+an outage (no connection, 502-504, 429, or a failing empty batch too) batches wait and are re-sent.
+
 The run's end (``succeeded`` / ``cancelled`` / ``failed``) is sent after every batch before it, so the
 dashboard never shows a finished run with missing points. ``close(timeout)`` waits for the outbox to
 drain; what could not be delivered stays in the outbox file (``acked-<run id>.json`` records how far the server
@@ -33,9 +43,20 @@ from engine.client import ApiError, Client
 from engine.events import NullSink
 from engine.jsonl import iter_jsonl
 
+MAX_BATCH_BYTES = 6 * 1024 * 1024  # the API refuses bodies over 8 MiB; headroom for the envelope
+MAX_EVENTS = 5000  # the API's limits per batch (webapp/api/ingest.py)
+MAX_POINTS = 50_000
+MAX_SAMPLE_ROWS = 2000
+POISON_ATTEMPTS = 5  # 500s in a row for one batch before the server is probed with an empty batch
+OUTAGE_STATUSES = (0, 429, 502, 503, 504)  # the server or the path to it is down: wait, never set aside
+
 
 def outbox_path(spool: Path, run_id: int) -> Path:
     return spool / f"outbox-{run_id}.jsonl"
+
+
+def refused_path(spool: Path, run_id: int) -> Path:
+    return spool / f"refused-{run_id}.jsonl"
 
 
 def acked_path(spool: Path, run_id: int) -> Path:
@@ -64,6 +85,109 @@ def _clean(obj: Any) -> Any:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
+
+
+def _size(obj: Any) -> int:
+    return len(json.dumps(obj, separators=(",", ":")))
+
+
+def _describe(events: list[dict[str, Any]]) -> str:
+    """``3 events (metrics at step 4, samples at step 4)``: what a refused part held, for the log."""
+    kinds = ", ".join(
+        f"{ev.get('type')} at step {ev['step']}" if "step" in ev else str(ev.get("type")) for ev in events[:5]
+    )
+    more = f", and {len(events) - 5} more" if len(events) > 5 else ""
+    return f"{len(events)} event{'s' if len(events) != 1 else ''} ({kinds}{more})"
+
+
+def split_samples(event: dict[str, Any], budget: int = MAX_BATCH_BYTES) -> list[dict[str, Any]]:
+    """A samples event as parts of at most ``MAX_SAMPLE_ROWS`` rows and about ``budget`` bytes each;
+    parts after the first carry ``append: true`` so the server adds them to the step's samples instead
+    of replacing the first part. A single row over the budget stays a part of its own (the server will
+    refuse it and the sink sets it aside)."""
+    rows = event.get("rows") or []
+    if len(rows) <= MAX_SAMPLE_ROWS and _size(event) <= budget:
+        return [event]
+    parts: list[list[dict[str, Any]]] = [[]]
+    used = 0
+    for row in rows:
+        n = _size(row) + 1
+        if parts[-1] and (used + n > budget - 1024 or len(parts[-1]) >= MAX_SAMPLE_ROWS):
+            parts.append([])
+            used = 0
+        parts[-1].append(row)
+        used += n
+    out = []
+    for i, part in enumerate(parts):
+        ev = {**event, "rows": part}
+        if i:
+            ev["append"] = True
+        out.append(ev)
+    return out
+
+
+def pack_events(events: list[dict[str, Any]], budget: int = MAX_BATCH_BYTES) -> list[list[dict[str, Any]]]:
+    """Events in order as batches within the API's limits: samples alone (split by ``split_samples``),
+    the others packed up to ``MAX_EVENTS`` events, ``MAX_POINTS`` points and ``budget`` bytes. Why:
+    a batch the server refuses for its size would otherwise take every metric point in it along."""
+    batches: list[list[dict[str, Any]]] = []
+    chunk: list[dict[str, Any]] = []
+    used = points = 0
+
+    def close() -> None:
+        nonlocal chunk, used, points
+        if chunk:
+            batches.append(chunk)
+        chunk, used, points = [], 0, 0
+
+    for ev in events:
+        if ev.get("type") == "samples":
+            close()
+            batches.extend([part] for part in split_samples(ev, budget))
+            continue
+        n = _size(ev) + 1
+        p = len(ev.get("values") or ()) if ev.get("type") == "metrics" else 0
+        if chunk and (used + n > budget or len(chunk) >= MAX_EVENTS or points + p > MAX_POINTS):
+            close()
+        chunk.append(ev)
+        used += n
+        points += p
+    close()
+    return batches
+
+
+def refusal_is_about_events(exc: ApiError) -> bool:
+    """A refusal that names the batch's content (an event, or its size) rather than the run or the
+    caller: splitting the batch can store the rest. 401/403/404/409 concern the whole run."""
+    if exc.status in (401, 403, 404, 405, 409):
+        return False
+    return exc.status == 413 or exc.status >= 500 or (exc.field or "").startswith("events")
+
+
+def split_item(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """An events item in two halves with batch ids of their own (``<id>a``, ``<id>b``): each half is
+    stored (or refused) on its own. Deterministic, so a re-send after a crash repeats the same ids."""
+    events = item["events"]
+    half = len(events) // 2
+    return [
+        {**item, "events": part, "batch_id": item["batch_id"] + tag, "split_of": item["batch_id"]}
+        for tag, part in (("a", events[:half]), ("b", events[half:]))
+    ]
+
+
+def set_aside(spool: Path | None, run_id: int, item: dict[str, Any], reason: str) -> str:
+    """Append a refused item to ``refused-<run id>.jsonl`` (with the reason) so nothing is silently
+    lost: it can be fixed by hand and sent with ``push``. Returns where it went (or why it could not)."""
+    if spool is None:
+        return "(no run directory: kept nowhere)"
+    path = refused_path(spool, run_id)
+    try:
+        spool.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"run_id": run_id, "reason": reason, "time": _now(), **item}) + "\n")
+    except OSError as exc:
+        return f"(could not write {path}: {exc})"
+    return str(path)
 
 
 class RemoteSink(NullSink):
@@ -175,21 +299,16 @@ class RemoteSink(NullSink):
             events, self._pending = self._pending, []
             spool = self._spool
         items: list[dict[str, Any]] = []
-        chunk: list[dict[str, Any]] = []
-        for ev in events:
-            if ev["type"] == "_status":
-                if chunk:
-                    items.append({"kind": "events", "events": chunk})
-                    chunk = []
-                body = {k: v for k, v in ev.items() if k not in ("type", "time")}
-                items.append({"kind": "status", "body": body})
+        run: list[dict[str, Any]] = []
+        for ev in [*events, {"type": "_end"}]:
+            if ev["type"] in ("_status", "_end"):
+                items.extend({"kind": "events", "events": b} for b in pack_events(run))
+                run = []
+                if ev["type"] == "_status":
+                    body = {k: v for k, v in ev.items() if k not in ("type", "time")}
+                    items.append({"kind": "status", "body": body})
             else:
-                chunk.append(ev)
-                if len(chunk) >= self.batch_events:
-                    items.append({"kind": "events", "events": chunk})
-                    chunk = []
-        if chunk:
-            items.append({"kind": "events", "events": chunk})
+                run.append(ev)
         heartbeat = (
             not items and not self._outbox and time.monotonic() - self._last_contact > self.heartbeat_s
         )
@@ -211,6 +330,63 @@ class RemoteSink(NullSink):
 
     def _ack(self, item: dict[str, Any]) -> None:
         self.sent += 1
+        self._last_contact = time.monotonic()
+        self._ack_if_done(item)
+
+    def _server_healthy(self) -> bool:
+        """Whether the server stores an empty batch now (then a batch that keeps failing is at fault,
+        not the server)."""
+        self._probes = getattr(self, "_probes", 0) + 1
+        try:
+            self.client.send_events(self.run_id, f"{self.run_id}-{self._nonce}-probe{self._probes}", [])
+        except ApiError:
+            return False
+        return True
+
+    def _refused(self, item: dict[str, Any], exc: ApiError, poison: bool) -> None:
+        """The server will not take ``item``: split an events batch whose content it refused and try
+        the halves (so only the offending events are left out), or set a single event / a status /
+        a run-level refusal aside on disk, report it here and in the run's log on the dashboard."""
+        if item["kind"] == "events" and len(item["events"]) > 1 and (poison or refusal_is_about_events(exc)):
+            for part in reversed(split_item(item)):
+                part.pop("failures", None)
+                self._outbox.appendleft(part)
+            self._journal(self._outbox[0], self._outbox[1])
+            return
+        reason = (
+            f"failed {item.get('failures', 0)} times ({exc}) while the server took other data"
+            if poison
+            else str(exc)
+        )
+        where = set_aside(self._spool, self.run_id, item, reason)
+        what = (
+            _describe(item["events"])
+            if item["kind"] == "events"
+            else f"the status {item['body'].get('status')!r}"
+        )
+        line = f"batch {item['batch_id']} ({what}) not stored: {reason}; kept in {where}"
+        self.rejected.append(line)
+        print(f"remote: {line}", file=self.err)
+        if item["kind"] == "events" and not (exc.status in (401, 403, 404) and not poison):
+            # The run page says what is missing (sent behind it, in the stream that goes on).
+            self._add({"type": "log", "message": f"remote client: {line}"[:9000],
+                       "key": f"{self._nonce}:refused:{item['batch_id']}"[:56]})  # fmt: skip
+        self._ack_if_done(item)
+
+    def _journal(self, *items: dict[str, Any]) -> None:
+        if self._spool is None:
+            return
+        try:
+            with outbox_path(self._spool, self.run_id).open("a", encoding="utf-8") as f:
+                for item in items:
+                    f.write(json.dumps({"run_id": self.run_id, **item}) + "\n")
+        except OSError as exc:
+            print(f"remote: could not write the outbox in {self._spool}: {exc}", file=self.err)
+
+    def _ack_if_done(self, item: dict[str, Any]) -> None:
+        """Record ``item``'s seq as confirmed once no part of it is left to send."""
+        if any(other["seq"] == item["seq"] for other in self._outbox):
+            return
         self._last_contact = time.monotonic()
         if self._spool is not None:
             try:
@@ -246,7 +422,17 @@ class RemoteSink(NullSink):
                 try:
                     self._send(item)
                 except ApiError as exc:
+                    poison = False
                     if exc.retryable:
+                        item["failures"] = item.get("failures", 0) + 1
+                        # A 500 again and again for this batch while an empty batch goes through: the
+                        # batch itself breaks the server. Set it aside instead of blocking the stream.
+                        poison = (
+                            exc.status not in OUTAGE_STATUSES
+                            and item["failures"] >= POISON_ATTEMPTS
+                            and self._server_healthy()
+                        )
+                    if exc.retryable and not poison:
                         self.retries += 1
                         delay = max(backoff, exc.retry_after or 0.0)
                         retry_at = time.monotonic() + delay
@@ -259,8 +445,7 @@ class RemoteSink(NullSink):
                         backoff = min(self.max_backoff, backoff * 2)
                         break
                     self._outbox.popleft()
-                    self.rejected.append(f"batch {item['seq']}: {exc}")
-                    print(f"remote: the server refused batch {item['seq']}: {exc}", file=self.err)
+                    self._refused(item, exc, poison)
                     continue
                 self._outbox.popleft()
                 self._ack(item)
@@ -291,35 +476,56 @@ def start_remote_run(client: Client, config: dict[str, Any], *, name: str | None
     return run
 
 
-def push_outbox(client: Client, run_dir: str | Path) -> dict[int, tuple[int, int]]:
+def push_outbox(client: Client, run_dir: str | Path) -> dict[int, tuple[int, int, int]]:
     """Send the batches of a run directory's outboxes that the server has not confirmed (after
-    ``close`` gave up, or the process died). Batches the server already has are no-ops there.
-    Returns ``{run_id: (stored, already there)}``."""
+    ``close`` gave up, or the process died). Batches the server already has are no-ops there; a batch
+    the sink had split is sent as its parts; refused events are set aside as the sink does
+    (``refused-<run id>.jsonl``). A transient failure (``ApiError.retryable``) stops the push: run it
+    again later. Returns ``{run_id: (stored, already there, refused)}``."""
     spool = Path(run_dir) / "remote"
     outboxes = sorted(spool.glob("outbox-*.jsonl"))
     if not outboxes:
         raise FileNotFoundError(f"no outbox in {spool}: this run was not streamed with --report-to")
-    out: dict[int, tuple[int, int]] = {}
+    out: dict[int, tuple[int, int, int]] = {}
     for outbox in outboxes:
         run_id = int(outbox.stem.split("-", 1)[1])
         ack = acked_path(spool, run_id)
         acked = json.loads(ack.read_text())["seq"] if ack.exists() else 0
-        sent = dup = 0
-        for _lineno, item in iter_jsonl(outbox.read_text(encoding="utf-8").splitlines(), str(outbox)):
-            if item["seq"] <= acked:
-                continue
-            if item["kind"] == "events":
-                reply = client.send_events(run_id, item["batch_id"], item["events"])
-                dup += bool(reply.get("duplicate"))
-                sent += not reply.get("duplicate")
-            else:
-                try:
-                    client.set_status(run_id, **item["body"])
-                    sent += 1
-                except ApiError as exc:
-                    if exc.status != 409:  # 409: the run already ended (the status had arrived)
-                        raise
-                    dup += 1
-            ack.write_text(json.dumps({"run_id": run_id, "seq": item["seq"]}))
-        out[run_id] = (sent, dup)
+        items = [
+            item for _n, item in iter_jsonl(outbox.read_text(encoding="utf-8").splitlines(), str(outbox))
+        ]
+        replaced = {item["split_of"] for item in items if item.get("split_of")}
+        todo = deque(
+            sorted(
+                (it for it in items if it["seq"] > acked and it["batch_id"] not in replaced),
+                key=lambda it: (it["seq"], it["batch_id"]),
+            )
+        )
+        sent = dup = refused = 0
+        while todo:
+            item = todo.popleft()
+            try:
+                if item["kind"] == "events":
+                    reply = client.send_events(run_id, item["batch_id"], item["events"])
+                    dup += bool(reply.get("duplicate"))
+                    sent += not reply.get("duplicate")
+                else:
+                    try:
+                        client.set_status(run_id, **item["body"])
+                        sent += 1
+                    except ApiError as exc:
+                        if exc.status != 409:  # 409: the run already ended (the status had arrived)
+                            raise
+                        dup += 1
+            except ApiError as exc:
+                if exc.retryable:
+                    raise
+                if item["kind"] == "events" and len(item["events"]) > 1 and refusal_is_about_events(exc):
+                    todo.extendleft(reversed(split_item(item)))
+                    continue
+                set_aside(spool, run_id, item, str(exc))
+                refused += 1
+            if not any(other["seq"] == item["seq"] for other in todo):
+                ack.write_text(json.dumps({"run_id": run_id, "seq": item["seq"]}))
+        out[run_id] = (sent, dup, refused)
     return out

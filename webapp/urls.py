@@ -28,3 +28,8 @@ urlpatterns = [
     path("", include("webapp.api.urls")),
     path("", include("webapp.runs.urls")),
 ]
+
+# Errors raised outside a view: JSON under /api/ (webapp/api/views.py), the usual pages elsewhere.
+handler400 = "webapp.api.views.bad_request"
+handler404 = "webapp.api.views.not_found"
+handler500 = "webapp.api.views.server_error"

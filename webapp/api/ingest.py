@@ -24,7 +24,8 @@ from webapp.api.auth import ApiError
 from webapp.api.models import ApiBatch
 from webapp.runs import protocol
 from webapp.runs.broadcast import broadcast
-from webapp.runs.recorder import Recorder, _Barrier, _Event, _jsonable
+from webapp.runs.models import Run
+from webapp.runs.recorder import Recorder, RecorderError, _Barrier, _Event, _jsonable, pg_text
 
 EVENT_TYPES = ("run_started", "progress", "metrics", "samples", "checkpoint", "log", "finished", "failed")
 MAX_EVENTS = 5000
@@ -72,20 +73,26 @@ class BatchRecorder(Recorder):
         self.log(f"finished after {summary.get('iterations', '?')} iterations")
 
     def failed(self, error: str, traceback: str) -> None:
-        self._event("failed", error=str(error)[:10000], traceback=str(traceback))
+        self._event("failed", error=pg_text(str(error))[:10000], traceback=pg_text(str(traceback)))
         self.log(f"failed: {error}")
 
 
 # --------------------------------------------------------------------------- validation
 
 
-def _int(value: Any, field: str) -> int:
+INT32_MAX = 2**31 - 1  # iterations and totals are stored in integer columns
+STEP_MAX = 2**62  # steps are bigint; point ids leave the top bits free
+
+
+def _int(value: Any, field: str, lo: int = -STEP_MAX, hi: int = STEP_MAX) -> int:
+    """An integer in ``[lo, hi]`` (a float with no fraction counts, 3.0 but not 1e300: the range is
+    checked after the conversion, so a value the database column cannot hold is a 400 naming it)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ApiError(400, "must be an integer", field)
-    if abs(value) > 2**62:
-        raise ApiError(400, "out of range", field)
+        if not (isinstance(value, float) and math.isfinite(value) and value.is_integer()):
+            raise ApiError(400, "must be an integer", field)
+        value = int(value)
+    if not lo <= value <= hi:
+        raise ApiError(400, f"out of range: must be between {lo} and {hi}", field)
     return value
 
 
@@ -106,7 +113,10 @@ def _number(value: Any, field: str) -> float | None:
         if value in ("NaN", "Infinity", "-Infinity"):
             return float(value)  # JSON has no NaN: clients may send these strings
         raise ApiError(400, "must be a number or null", field)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond a double's range (10**400)
+        raise ApiError(400, "out of range for a 64-bit float", field) from None
 
 
 def _time(value: Any, field: str) -> datetime | None:
@@ -120,11 +130,29 @@ def _time(value: Any, field: str) -> datetime | None:
     return parsed
 
 
+def refuse_nul(value: Any, field: str) -> None:
+    """400 naming the first string (or key) under ``value`` that holds a NUL character: run settings
+    (config, name, tags, status texts) are refused whole, since PostgreSQL cannot store a NUL and a
+    config changed behind the user's back would not be the config they sent. (Streamed run data is
+    stored with the NUL shown as "␀" instead: ``webapp.runs.ingest.pg_text``.)"""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ApiError(400, "contains a NUL character (\\u0000), which cannot be stored", field)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            refuse_nul(k, field)
+            refuse_nul(v, f"{field}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            refuse_nul(v, f"{field}[{i}]")
+
+
 @dataclass
 class BatchResult:
     duplicate: bool
     events: int
-    points: int
+    points: int  # stored by this request (a (key, step) the run already had is not stored again)
+    points_sent: int
 
 
 def feed(rec: BatchRecorder, events: Any) -> int:
@@ -161,8 +189,8 @@ def feed(rec: BatchRecorder, events: Any) -> int:
         elif kind == "progress":
             eta = _number(ev.get("eta_seconds"), f"{where}.eta_seconds")
             rec.progress(
-                _int(ev.get("iteration"), f"{where}.iteration"),
-                _int(ev.get("total"), f"{where}.total"),
+                _int(ev.get("iteration"), f"{where}.iteration", 0, INT32_MAX),
+                _int(ev.get("total"), f"{where}.total", 0, INT32_MAX),
                 None if eta is None or not math.isfinite(eta) else eta,
                 _str(ev.get("phase", "rl"), f"{where}.phase", max_len=32),
             )
@@ -175,10 +203,14 @@ def feed(rec: BatchRecorder, events: Any) -> int:
             for j, r in enumerate(rows):
                 for name in ("prompt", "generation"):
                     _str(r.get(name, ""), f"{where}.rows[{j}].{name}", max_len=100_000)
+            append = ev.get("append", False)
+            if not isinstance(append, bool):
+                raise ApiError(400, "must be true or false", f"{where}.append")
             rec.samples(
                 _int(ev.get("step"), f"{where}.step"),
                 _str(ev.get("split", "train"), f"{where}.split", max_len=32),
                 rows,
+                append=append,
             )
         elif kind == "checkpoint":
             rec.checkpoint(
@@ -215,13 +247,24 @@ def store_batch(run_id: int, batch_id: str, events: Any, host: str) -> BatchResu
     rec = BatchRecorder(run_id, host)
     points = feed(rec, events)
     if ApiBatch.objects.filter(run_id=run_id, batch_id=batch_id).exists():
-        return BatchResult(True, len(events), points)
+        return BatchResult(True, len(events), 0, points)
     try:
         with transaction.atomic():
             ApiBatch.objects.create(run_id=run_id, batch_id=batch_id, events=len(events))
             messages = rec._store_once(rec.events) if rec.events else []
-    except IntegrityError:  # the same batch, sent twice at once: the other request stored it
-        return BatchResult(True, len(events), points)
+    except IntegrityError:
+        # Either the same batch sent twice at once (the other request committed its id first: this
+        # one is a duplicate, delivered) or the run was deleted meanwhile (a foreign-key failure:
+        # nothing was stored, and answering "duplicate" would make the client drop the batch).
+        if ApiBatch.objects.filter(run_id=run_id, batch_id=batch_id).exists():
+            return BatchResult(True, len(events), 0, points)
+        if not Run.objects.filter(pk=run_id).exists():
+            raise ApiError(404, f"run #{run_id} was deleted; nothing stored", "run_id") from None
+        raise
+    except RecorderError:
+        if not Run.objects.filter(pk=run_id).exists():
+            raise ApiError(404, f"run #{run_id} was deleted; nothing stored", "run_id") from None
+        raise
     if messages:
         broadcast(run_id, messages[0] if len(messages) == 1 else protocol.batch_message(messages))
-    return BatchResult(False, len(events), points)
+    return BatchResult(False, len(events), rec.points_stored, points)

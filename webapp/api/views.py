@@ -12,6 +12,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.views import defaults
 from django.views.decorators.http import require_http_methods
 
 from webapp.access import researcher_required
@@ -107,9 +108,10 @@ def runs(request: HttpRequest) -> JsonResponse:
 
 def _create_run(request: HttpRequest) -> JsonResponse:
     auth._rate_limit(f"u{request.api_user.pk}")
-    if len(request.body) > auth.max_body_bytes():
-        raise ApiError(413, f"request body over {auth.max_body_bytes()} bytes")
+    auth.read_body(request)
     data = json_body(request)
+    for name, value in data.items():
+        ingest.refuse_nul(value, name)
     config = data.get("config")
     if not isinstance(config, dict):
         raise ApiError(400, "the run's config is required, as an object", "config")
@@ -168,7 +170,7 @@ def run_events(request: HttpRequest, run_id: int) -> JsonResponse:
     Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(heartbeat_at=timezone.now())
     return JsonResponse(
         {"run_id": run.pk, "batch_id": data["batch_id"], "duplicate": result.duplicate,
-         "events": result.events, "points": result.points}
+         "events": result.events, "points": result.points, "points_sent": result.points_sent}
     )  # fmt: skip
 
 
@@ -176,6 +178,8 @@ def run_events(request: HttpRequest, run_id: int) -> JsonResponse:
 def run_status(request: HttpRequest, run_id: int) -> JsonResponse:
     run = _writable_remote_run(request, run_id)
     data = json_body(request)
+    for name, value in data.items():
+        ingest.refuse_nul(value, name)
     status = data.get("status")
     if status not in API_STATUSES:
         raise ApiError(400, f"one of {', '.join(API_STATUSES)}", "status")
@@ -255,3 +259,32 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
     resp = render(request, "api/tokens.html", {"tokens": rows, "new_token": new_token})
     resp["Cache-Control"] = "no-store"  # the page holding a new token is never cached
     return resp
+
+
+# --------------------------------------------------------------------------- errors outside the views
+
+
+def _api_path(request: HttpRequest) -> bool:
+    return request.path.startswith("/api/")
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """``handler400``: the API's JSON shape under ``/api/`` (a client parses every error the same way)."""
+    if _api_path(request):
+        return ApiError(400, "bad request").response()
+    return defaults.bad_request(request, exception)
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """``handler404``: an unknown API path answers JSON naming it, not the site's HTML page."""
+    if _api_path(request):
+        return ApiError(404, f"no API endpoint {request.path}", "path").response()
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """``handler500``: a failure before an API view ran (a middleware, a database outage while it
+    read the session) still answers JSON; ``api_view`` handles those raised inside views."""
+    if _api_path(request):
+        return ApiError(500, "internal server error (logged on the server)").response()
+    return defaults.server_error(request)

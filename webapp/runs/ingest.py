@@ -47,6 +47,27 @@ from webapp.runs.models import (
 )
 from webapp.runs.protocol import STATUS_FIELDS, clean_float, columns_by_key
 
+NUL_MARK = "\u2400"  # "␀": what a NUL character in run text is stored as
+
+
+def pg_text(text: str) -> str:
+    """``text`` as PostgreSQL can store it: a NUL character (which no text or jsonb value may hold;
+    inserting one fails the whole flush with a ``DataError``) becomes a visible "␀". Every string of
+    a run's data passes here, in the worker's recorder and the API's alike, so both store the same."""
+    return text.replace("\x00", NUL_MARK) if "\x00" in text else text
+
+
+def pg_safe(obj: Any) -> Any:
+    """``pg_text`` through dicts (keys too) and lists; other values unchanged."""
+    if isinstance(obj, str):
+        return pg_text(obj)
+    if isinstance(obj, dict):
+        return {pg_safe(k) if isinstance(k, str) else k: pg_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [pg_safe(v) for v in obj]
+    return obj
+
+
 ROLLUP_BASE = 16
 ROLLUP_FACTOR = 4
 ROLLUP_LEVELS = 8  # widths 16, 64, …, 262,144 steps

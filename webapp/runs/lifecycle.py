@@ -38,6 +38,7 @@ from webapp.celery import app as celery_app
 from webapp.runs import paths, services
 from webapp.runs.broadcast import broadcast, status_message
 from webapp.runs.errors import BrokerUnavailable, InvalidState, ServiceError
+from webapp.runs.ingest import pg_text
 from webapp.runs.models import ACTIVE_STATUSES, Artifact, Project, Run, RunStatus
 
 log = logging.getLogger(__name__)
@@ -345,7 +346,12 @@ def finish(run_id: int, summary: Mapping[str, Any] | None) -> Run:
 def fail(run_id: int, error: str, traceback: str = "") -> Run:
     """running → failed, keeping the cause and the traceback for the run page."""
     return _end(
-        run_id, {"status": RunStatus.FAILED, "error": str(error)[:10000], "traceback": str(traceback)}
+        run_id,
+        {
+            "status": RunStatus.FAILED,
+            "error": pg_text(str(error))[:10000],
+            "traceback": pg_text(str(traceback)),
+        },
     )
 
 

@@ -55,6 +55,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from engine.sinks import eval_log_line, iteration_log_line
 from webapp.runs import ingest, protocol, queries
 from webapp.runs.broadcast import DEFAULT_BROADCAST_TIMEOUT_S
+from webapp.runs.ingest import pg_safe, pg_text
 from webapp.runs.models import group_name
 
 log = logging.getLogger(__name__)
@@ -112,17 +113,19 @@ def _last_value(steps: list[int], values: list[float | None]) -> float | None:
 
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {pg_text(str(k)): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
     if isinstance(obj, float):
         return protocol.clean_float(obj)
-    if isinstance(obj, (int, str, bool)) or obj is None:
+    if isinstance(obj, str):
+        return pg_text(obj)
+    if isinstance(obj, (int, bool)) or obj is None:
         return obj
     try:
         return float(obj)
     except (TypeError, ValueError):
-        return str(obj)
+        return pg_text(str(obj))
 
 
 def _columns(events: list[_Event], groups: dict[str, tuple[list, list, list]]) -> None:
@@ -349,13 +352,15 @@ class Recorder:
         algo = (config.get("algorithm") or {}).get("id")
         model = (config.get("model") or {}).get("name_or_path")
         task = (config.get("task") or {}).get("id")
-        self._event("run_started", run_dir=str(run_dir) if run_dir else None)
+        self._event("run_started", run_dir=pg_text(str(run_dir)) if run_dir else None)
         self.log(
             f"started on {socket.gethostname()}: {algo} on {model}, task {task}; run dir {run_dir or '-'}"
         )
 
     def progress(self, iteration: int, total: int, eta_seconds: float | None, phase: str = "rl") -> None:
-        self._event("progress", iteration=int(iteration), total=int(total), eta=eta_seconds, phase=str(phase))
+        self._event(
+            "progress", iteration=int(iteration), total=int(total), eta=eta_seconds, phase=pg_text(str(phase))
+        )
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         step = int(step)
@@ -373,6 +378,9 @@ class Recorder:
                     continue
             names = tuple(k for k, _v in kept)
             vals = [v for _k, v in kept]
+        if any("\x00" in k for k in names):
+            names = tuple(pg_text(k) for k in names)
+            values = dict(zip(names, vals, strict=True))
         # The run page's log tail: one line per iteration and per evaluation (values stored as
         # metrics). They ride in the metrics event itself: one queue operation per call, and the
         # lines are stored and broadcast right after the points, in the same flush.
@@ -393,11 +401,17 @@ class Recorder:
             )
         )
 
-    def samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
-        self._event("samples", step=int(step), split=str(split or "train")[:32], rows=list(rows))
+    def samples(self, step: int, split: str, rows: list[dict[str, Any]], *, append: bool = False) -> None:
+        """``append``: add to the (step, split)'s samples instead of replacing them (the later parts
+        of one samples event a remote client split across batches)."""
+        self._event(
+            "samples", step=int(step), split=pg_text(str(split or "train"))[:32], rows=pg_safe(list(rows)),
+            append=append,
+        )  # fmt: skip
 
     def checkpoint(self, step: int, path: str) -> None:
-        self._event("checkpoint", step=int(step), path=str(path))
+        path = pg_text(str(path))
+        self._event("checkpoint", step=int(step), path=path)
         self._log([f"checkpoint at step {step}: {path}"], [f"ckpt:{step}"])
 
     def log(self, message: str) -> None:
@@ -405,7 +419,7 @@ class Recorder:
         self._log(lines, [f"{self._token}:{next(self._line_seq)}" for _ in lines])
 
     def _log(self, lines: list[str], keys: list[str]) -> None:
-        self._event("log", lines=lines, keys=keys)
+        self._event("log", lines=[pg_text(ln) for ln in lines], keys=[pg_text(k) for k in keys])
 
     def finished(self, summary: dict[str, Any]) -> None:
         self._event("finished", summary=_jsonable(summary))
@@ -419,7 +433,7 @@ class Recorder:
     def failed(self, error: str, traceback: str) -> None:
         if self.error is not None:
             return  # the recorder gave up: its own error is what fails the run
-        self._event("failed", error=str(error)[:10000], traceback=str(traceback))
+        self._event("failed", error=pg_text(str(error))[:10000], traceback=pg_text(str(traceback)))
         self.log(f"failed: {error}")
         try:
             self.flush()
@@ -577,7 +591,11 @@ class Recorder:
                     # The first samples of a (step, split) in this execution replace what an earlier
                     # execution (before a resume) or an ambiguous earlier attempt stored for it.
                     key = (ev.data["step"], ev.data["split"])
-                    replace = key not in self._seen_sample_steps and key not in self._flush_sample_steps
+                    replace = (
+                        not ev.data.get("append")
+                        and key not in self._seen_sample_steps
+                        and key not in self._flush_sample_steps
+                    )
                     self._flush_sample_steps.add(key)
                     samples[idx] = ingest.ingest_samples(
                         self.run_id, ev.data["step"], ev.data["split"], ev.data["rows"], replace=replace
