@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from engine import netguard
 from engine.assets import smollm2_gguf_path
 from engine.models.loading import load_lm, load_tokenizer, resolve_model_path
 
@@ -41,7 +41,10 @@ MAX_PROMPT_TOKENS = 2048
 
 
 class JudgeCallError(RuntimeError):
-    """The judge gave no reply to judge (HTTP error, unreachable, not a chat completion)."""
+    """The judge gave no reply to judge (HTTP error, unreachable, not a chat completion); ``status``
+    is the HTTP status when there was one (0 otherwise)."""
+
+    status: int = 0
 
 
 @dataclass
@@ -153,6 +156,14 @@ class LocalLMJudge:
 class EndpointJudge:
     """An OpenAI-compatible ``/chat/completions`` endpoint, at temperature 0.
 
+    Every call goes through :mod:`engine.netguard`: the host is resolved and checked again (a name
+    that resolved to a public address when the judge was saved may not any more), the connection goes
+    to the checked address, and a redirect is an error, never followed with the key attached. An
+    address outside the policy raises :class:`engine.netguard.AddressNotAllowed`, which fails the
+    whole job at once. Errors name the URL, a status code and a standard reason phrase or a short
+    failure category, never the reply's body or the peer's own texts: an error is shown to users,
+    and echoing what answered would let them read internal services.
+
     Transient failures (HTTP 429 and 5xx, connection errors) are retried ``retries`` times with
     ``retry_delay`` seconds between tries (doubling); other 4xx answers are not retried.
     """
@@ -166,6 +177,7 @@ class EndpointJudge:
         retries: int = 2,
         retry_delay: float = 2.0,
         max_reply_tokens: int = 16,
+        allow: Iterable[str] | str | None = (),
     ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.api_key = api_key
@@ -174,14 +186,24 @@ class EndpointJudge:
         self.retries = max(0, int(retries))
         self.retry_delay = max(0.0, float(retry_delay))
         self.max_reply_tokens = max_reply_tokens
+        self.allow = netguard.parse_allow(allow)
 
     def _post(self, body: bytes) -> bytes:
+        """The reply's body on a 2xx; :class:`JudgeCallError` with ``.status`` otherwise."""
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - http(s) checked on save
-            return resp.read()
+        resp = netguard.request(
+            self.url, method="POST", body=body, headers=headers, timeout=self.timeout, allow=self.allow
+        )
+        if 200 <= resp.status < 300:
+            return resp.body
+        what = netguard.describe_status(resp.status)
+        if 300 <= resp.status < 400:
+            what += " (redirects are not followed)"
+        err = JudgeCallError(f"{what} from {self.url}")
+        err.status = resp.status
+        raise err
 
     def call(self, user_text: str) -> str:
         """The reply's text; :class:`JudgeCallError` naming the URL and status when there is none."""
@@ -198,13 +220,12 @@ class EndpointJudge:
             try:
                 raw = self._post(body)
                 break
-            except urllib.error.HTTPError as exc:
-                detail = exc.read()[:300].decode("utf-8", "replace")
-                err = JudgeCallError(f"HTTP {exc.code} from {self.url}: {detail}")
-                if exc.code != 429 and exc.code < 500:
-                    raise err from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-                err = JudgeCallError(f"cannot reach {self.url}: {getattr(exc, 'reason', exc)}")
+            except JudgeCallError as exc:
+                err = exc
+                if exc.status != 429 and exc.status < 500:
+                    raise
+            except netguard.OutboundError as exc:  # refused, reset, timed out, not HTTP at all
+                err = JudgeCallError(f"cannot reach {self.url}: {exc}")
             if attempt == self.retries:
                 raise err
             time.sleep(delay)
@@ -213,9 +234,7 @@ class EndpointJudge:
             data = json.loads(raw)
             content = data["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
-            raise JudgeCallError(
-                f"the reply from {self.url} is not a chat completion: {raw[:200].decode('utf-8', 'replace')}"
-            ) from None
+            raise JudgeCallError(f"the reply from {self.url} is not a chat completion") from None
         return content if isinstance(content, str) else ""
 
     def judge(self, user_text: str) -> Verdict:

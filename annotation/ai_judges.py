@@ -42,6 +42,7 @@ from annotation.models import (
     Item,
     Judgment,
 )
+from engine import netguard
 from webapp.celery import app as celery_app
 from webapp.runs import paths
 from webapp.runs.services import run_queue
@@ -137,8 +138,16 @@ def pass_prompt(judge: AIJudge, item: Item, a_first: bool) -> str:
 # ------------------------------------------------------------------------------------- validation
 
 
+def outbound_allow() -> netguard.AllowList:
+    """The deployment's exceptions to the outbound policy (``GRUE_OUTBOUND_ALLOW``: a judge server
+    of its own on a private address); empty by default."""
+    return netguard.parse_allow(getattr(settings, "OUTBOUND_ALLOW", ()))
+
+
 def check_base_url(url: str) -> str:
-    """An http(s) URL with a host, without credentials, query or fragment (the key goes in a header)."""
+    """An http(s) URL with a host, without credentials, query or fragment (the key goes in a header),
+    whose host is not an internal address (:mod:`engine.netguard`; ``GRUE_OUTBOUND_ALLOW`` exempts
+    a private judge server). A name that does not resolve now is accepted: every call checks again."""
     url = (url or "").strip()
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -147,6 +156,12 @@ def check_base_url(url: str) -> str:
         raise AnnotationError(
             "base URL: no user, password, query or fragment (put the key in the API key field)"
         )
+    try:
+        netguard.check_url(url, allow=outbound_allow())
+    except netguard.AddressNotAllowed as exc:
+        raise AnnotationError(f"base URL: {exc}") from None
+    except netguard.OutboundError:
+        pass  # DNS is down or the name is not published yet: judged again before every call
     return url.rstrip("/")
 
 
@@ -277,6 +292,7 @@ def make_backend(judge: AIJudge) -> Any:
         timeout=float(getattr(settings, "ANNOTATION_AI_TIMEOUT", 60.0)),
         retries=int(getattr(settings, "ANNOTATION_AI_RETRIES", 2)),
         retry_delay=float(getattr(settings, "ANNOTATION_AI_RETRY_DELAY", 2.0)),
+        allow=outbound_allow(),
     )  # fmt: skip
 
 

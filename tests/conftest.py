@@ -266,6 +266,24 @@ def celery_worker(_session_worker: WorkerProcess, settings: Any) -> WorkerProces
     return _session_worker
 
 
+@pytest.fixture(scope="session")
+def _loopback_judge_worker(worker_factory: Callable[..., WorkerProcess]) -> WorkerProcess:
+    return worker_factory(extra_env={"GRUE_OUTBOUND_ALLOW": "127.0.0.1"})
+
+
+@pytest.fixture
+def loopback_judge_worker(_loopback_judge_worker: WorkerProcess, settings: Any) -> WorkerProcess:
+    """A real Celery worker (session-wide) that may call AI-judge endpoints on 127.0.0.1, as a
+    deployment allows its own judge server with ``GRUE_OUTBOUND_ALLOW``; this test's launches and
+    judges go to its queue and the test process allows 127.0.0.1 too. The session's ordinary worker
+    keeps the default policy (loopback refused)."""
+    if _loopback_judge_worker.proc.poll() is not None:
+        pytest.fail(f"the judge worker died:\n{_loopback_judge_worker.log()}")
+    settings.CELERY_TASK_DEFAULT_QUEUE = _loopback_judge_worker.queue
+    settings.OUTBOUND_ALLOW = ["127.0.0.1"]
+    return _loopback_judge_worker
+
+
 class AsgiServer:
     """A real daphne serving ``webapp.asgi:application`` on a free loopback port."""
 

@@ -12,6 +12,8 @@ Environment variables (see docs/platform.md):
   GRUE_DATA_DIR      data directory (default ./var): embedded services, run directories, secret key
   GRUE_ALLOWED_ROOTS colon-separated directories that file paths typed into forms must stay inside
                      (default: the data dir and ./runs)
+  GRUE_OUTBOUND_ALLOW  addresses (IPs, CIDR networks, host names) an AI-judge endpoint may have although
+                     they are private or loopback (default none; docs/deploy.md#security)
   CELERY_QUEUE       queue name the web app enqueues runs on (default "runs")
   GRUE_DB_POOL       1 (set by webapp.asgi for server processes): borrow connections from a psycopg
                      pool of GRUE_DB_POOL_MAX (default 8) instead of opening one per request
@@ -175,6 +177,11 @@ CACHES = {
         },
     }
 }
+
+# Outbound requests a user can aim (AI-judge endpoints) never reach loopback, private, link-local,
+# reserved or multicast addresses (engine/netguard.py). A deployment that runs its own judge server
+# on a private address lists it here: IPs, CIDR networks or exact host names, comma-separated.
+OUTBOUND_ALLOW = [e for e in os.environ.get("GRUE_OUTBOUND_ALLOW", "").replace(",", " ").split() if e]
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL

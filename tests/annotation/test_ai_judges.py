@@ -121,7 +121,10 @@ class ChatServer:
 
 
 @pytest.fixture
-def chat_server() -> Iterator[ChatServer]:
+def chat_server(settings: Any) -> Iterator[ChatServer]:
+    """The endpoint on 127.0.0.1, which this test process allows as a deployment would allow its own
+    judge server (``GRUE_OUTBOUND_ALLOW``); by default a loopback base URL is refused."""
+    settings.OUTBOUND_ALLOW = ["127.0.0.1"]
     server = ChatServer()
     yield server
     server.stop()
@@ -241,6 +244,122 @@ def test_local_lm_judges_each_item_twice_swapped_in_the_worker(celery_worker, wa
     )
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:6379/v1",
+        "http://localhost:8000/v1",
+        "http://[::1]:5432",
+        "http://0177.0.0.1/v1",
+        "http://169.254.169.254/latest",
+        "http://10.0.0.7/v1",
+        "https://192.168.1.20/v1",
+    ],
+)
+def test_base_urls_of_internal_addresses_are_refused_unless_allowed(url, settings):
+    """Issue 25.2: a judge could be aimed at the server's own network (Redis, PostgreSQL, the cloud
+    metadata service, private hosts) and the worker posted the key there."""
+    settings.OUTBOUND_ALLOW = []
+    with pytest.raises(AnnotationError, match="base URL: .*(address|ambiguous)"):
+        ai_judges.check_base_url(url)
+    settings.OUTBOUND_ALLOW = ["127.0.0.0/8", "::1", "10.0.0.7", "169.254.169.254", "192.168.1.0/24"]
+    if "0177" in url:  # an ambiguous spelling stays refused whatever is allowed
+        with pytest.raises(AnnotationError, match="ambiguous"):
+            ai_judges.check_base_url(url)
+    else:
+        assert ai_judges.check_base_url(url) == url.rstrip("/")
+
+
+class _Raw:
+    """A TCP service on loopback answering every connection with fixed bytes (not HTTP, or a
+    hand-written HTTP reply), counting connections."""
+
+    def __init__(self, reply: bytes) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.reply = reply
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.reply)
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.django_db
+def test_judge_errors_keep_a_status_and_reason_never_the_reply_and_redirects_are_not_followed(
+    chat_server, settings
+):
+    """Issue 25.2: error texts quoted 200-300 characters of whatever answered (a banner, an internal
+    page), a non-HTTP banner crashed the job with it, and a 302 was followed with the key."""
+    settings.ANNOTATION_AI_RETRIES = 0
+    page = b"<html>internal admin console: db password hunter2</html>"
+    services = {
+        "banner": _Raw(b"-NOAUTH Authentication required.\r\n"),
+        "page": _Raw(
+            b"HTTP/1.1 404 Totally Custom Reason hunter2\r\nContent-Length: %d\r\n\r\n%s" % (len(page), page)
+        ),
+        "not chat": _Raw(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(page), page)
+        ),
+        "redirect": _Raw(
+            b"HTTP/1.1 302 Found\r\nLocation: %s/chat/completions\r\nContent-Length: 0\r\n\r\n"
+            % chat_server.url.encode()
+        ),
+    }
+    want = {
+        "banner": ("not an HTTP reply", "connection closed by the server"),
+        "page": ("HTTP 404 Not Found from",),
+        "not chat": ("is not a chat completion",),
+        "redirect": ("HTTP 302 Found (redirects are not followed)",),
+    }
+    try:
+        camp = _campaign(1, "errors")
+        for name, svc in services.items():
+            judge = ai_judges.create_judge(
+                camp, name=name, kind="endpoint", model="m", base_url=svc.url, api_key="sk-judge-key"
+            )
+            ai_judges.start_judging(judge, enqueue=False)
+            j = ai_judges.run_judging(judge.pk)
+            assert svc.connections >= 1, name
+            assert j.status == "failed" and j.n_errors == 1, (name, j.status, j.n_errors, j.error)
+            assert any(w in j.error for w in want[name]), (name, j.error)
+            for leaked in ("hunter2", "NOAUTH", "admin console", "Custom Reason"):
+                assert leaked not in j.error, (name, j.error)
+    finally:
+        for svc in services.values():
+            svc.stop()
+    assert chat_server.calls == []  # the redirect's target never saw the key
+
+
+@pytest.mark.django_db
+def test_every_call_checks_the_address_again(chat_server, settings):
+    """A base URL saved while allowed (or while its name resolved elsewhere) is checked before each
+    call: once the address is no longer allowed, the job fails at once and nothing is sent."""
+    camp = _campaign(2, "recheck")
+    judge = ai_judges.create_judge(camp, name="j", kind="endpoint", model="m", base_url=chat_server.url)
+    settings.OUTBOUND_ALLOW = []
+    ai_judges.start_judging(judge, enqueue=False)
+    j = ai_judges.run_judging(judge.pk)
+    assert j.status == "failed" and "loopback address" in j.error, j.error
+    assert chat_server.calls == []
+
+
 @pytest.mark.django_db
 def test_endpoint_judge_malformed_reply_500_and_rerun(chat_server, settings):
     settings.ANNOTATION_AI_RETRIES = 1  # one retry, at once: the 500 item is called twice per pass
@@ -293,7 +412,7 @@ def test_endpoint_judge_malformed_reply_500_and_rerun(chat_server, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_cancel_stops_a_running_judge_after_its_current_item(
-    celery_worker, wait_for, researcher_client, chat_server
+    loopback_judge_worker, wait_for, researcher_client, chat_server
 ):
     chat_server.hold_at = 1
     chat_server.healthy = True
@@ -311,7 +430,7 @@ def test_cancel_stops_a_running_judge_after_its_current_item(
     assert "cancelling" in page
     assert AIJudge.objects.get(pk=judge.pk).status == "cancelled"  # at once: a dead worker cannot block it
     chat_server.release.set()
-    wait_for(lambda: f"run_ai_judge[{task_id}] succeeded" in celery_worker.log(), timeout=60,
+    wait_for(lambda: f"run_ai_judge[{task_id}] succeeded" in loopback_judge_worker.log(), timeout=60,
              what="the worker's job to end")  # fmt: skip
     j = AIJudge.objects.get(pk=judge.pk)
     assert j.status == "cancelled" and j.n_total == 5 and j.n_done == 1

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e]
 
 @pytest.mark.django_db(transaction=True)
 def test_progress_bar_eta_and_agreement_panel(
-    page: Any, asgi_server: Any, celery_worker: Any, researcher: Any, login: Any, wait_for: Any
+    page: Any, asgi_server: Any, loopback_judge_worker: Any, researcher: Any, login: Any, wait_for: Any
 ) -> None:
     server = ChatServer()
     server.healthy = True
