@@ -406,6 +406,14 @@ class AlgorithmConfig(Strict):
         True,
         description="Normalise advantages to zero mean, unit variance (RL4LMs: on, except A2C: off).",
     )
+    advantage_normalization: Literal["minibatch", "rollout"] = Field(
+        "minibatch",
+        description=(
+            "PPO/NLPO: where advantages are normalised when whiten_advantages is on: 'minibatch' (RL4LMs / SB3: "
+            "each minibatch's valid tokens, sample std + 1e-8) or 'rollout' (once per rollout, population "
+            "variance, as TRL). Other algorithms always normalise once per rollout."
+        ),
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     nlpo: NLPOConfig = Field(
         default_factory=NLPOConfig, description="NLPO masking settings (id 'nlpo' only)."
@@ -545,7 +553,9 @@ ReportTo = Annotated[
 
 
 class TrainConfig(Strict):
-    n_iters: int = Field(10, ge=0, description="RL iterations (rollout + update).")
+    # The bound refuses absurd values at validation (10^9 iterations would never end, and 3·10^9 does
+    # not fit the database's iteration column) instead of queueing them.
+    n_iters: int = Field(10, ge=0, le=10_000_000, description="RL iterations (rollout + update).")
     prompts_per_iter: int = Field(16, ge=1, description="Episodes collected per iteration.")
     seed: int = Field(0, description="Seed of torch, numpy and Python's random.")
     eval_every: int = Field(5, ge=0, description="Evaluate every N iterations (0 = only at the end).")

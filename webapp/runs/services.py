@@ -55,6 +55,10 @@ def validate_config(
 ) -> dict[str, Any]:
     """Validate with the engine's schema and the web app's path rules; returns the normalised config
     (defaults filled in). Raises ConfigInvalid whose errors name the dotted field."""
+    nul = _nul_fields(config)
+    if nul:  # PostgreSQL cannot store a NUL character (the config is a jsonb column)
+        errors = [(f, "contains a NUL character (\\u0000), which cannot be stored") for f in nul]
+        raise ConfigInvalid("; ".join(f"{f}: {m}" for f, m in errors), errors)
     try:
         cfg = parse_config(dict(config)).to_dict()
     except ConfigError as exc:
@@ -62,6 +66,21 @@ def validate_config(
         raise ConfigInvalid(str(exc), errors) from None
     check_config_paths(cfg, run_id=run_id, resuming=resuming)
     return cfg
+
+
+def _nul_fields(value: Any, where: str = "") -> list[str]:
+    """Dotted fields of ``value`` whose string (or key) holds a NUL character."""
+    if isinstance(value, str):
+        return [where or "(root)"] if "\x00" in value else []
+    out: list[str] = []
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            field = f"{where}.{k}" if where else str(k)
+            out += [field] if "\x00" in str(k) else _nul_fields(v, field)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            out += _nul_fields(v, f"{where}[{i}]")
+    return out
 
 
 def check_config_paths(cfg: Mapping[str, Any], *, run_id: int | None = None, resuming: bool = False) -> None:
