@@ -58,12 +58,64 @@ def test_a_relative_string_naming_a_local_directory_is_a_path(tmp_path, monkeypa
         ("Translate English/German: ", False),  # prose that names nothing on disk
         ("gpt2", False),
         ("lang", False),
-        (".", False),  # an end-of-concept token (CommonGen), not the working directory
+        (".", True),  # the working directory, whatever the argument's name
+        ("..", True),
         ("allenai/t5-base", False),
     ],
 )
 def test_free_form_strings_that_can_be_paths(value, is_path):
     assert paths.looks_like_path(value) is is_path
+
+
+def test_arguments_are_paths_by_name_and_meaning_not_by_a_slash(tmp_path, monkeypatch):
+    """Issue 25.3: strings without "/" were never paths, so ``path: "secret.csv"`` and ``hub: ".."``
+    were opened relative to the worker's working directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.csv").write_text("x")
+    assert paths.looks_like_path("secret.csv")  # exists on disk
+    assert paths.looks_like_path("secret.csv", "task.args.path")
+    assert paths.looks_like_path("my data.jsonl", "task.args.path")  # named a path, and no hub id
+    assert paths.looks_like_path("..", "reward.args.classifier_dir")
+    assert paths.looks_like_path("a b.jsonl", "task.args.data_files[0]")
+    assert not paths.looks_like_path("lvwerra/distilbert-imdb", "eval.metrics[0].args.model_path")  # a hub id
+    assert not paths.looks_like_path(".", "task.args.concept_end_token")  # named text: CommonGen's token
+    assert not paths.looks_like_path("en", "task.args.lang")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "field", "says"),
+    [
+        ({"hub": ".."}, "task.args.hub", "not a hub data set id"),
+        ({"hub": "a/b/c"}, "task.args.hub", "not a hub data set id"),
+        ({"path": "secret.csv"}, "task.args.path", "outside the allowed directories"),
+        ({"path": "."}, "task.args.path", "outside the allowed directories"),
+        ({"train_path": ".."}, "task.args.train_path", "outside the allowed directories"),
+    ],
+)
+def test_bare_names_in_task_arguments_are_confined(
+    researcher, roots, tmp_path, monkeypatch, args, field, says
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.csv").write_text("prompt,reference\nsecret,secret\n")
+    with pytest.raises(ConfigInvalid) as exc:
+        services.create_run({**TINY, "task": {"id": "imdb", "args": args}}, user=researcher)
+    assert list(exc.value.field_errors) == [field]
+    assert says in exc.value.field_errors[field][0]
+
+
+@pytest.mark.django_db
+def test_a_hub_id_that_names_a_local_folder_is_refused(researcher, roots, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "imdb").mkdir()
+    with pytest.raises(ConfigInvalid) as exc:
+        services.create_run({**TINY, "task": {"id": "imdb", "args": {"hub": "imdb"}}}, user=researcher)
+    assert list(exc.value.field_errors) == ["task.args.hub"]
+    (tmp_path / "imdb").rmdir()
+    run = services.create_run(
+        {**TINY, "task": {"id": "imdb", "args": {"hub": "stanfordnlp/imdb"}}}, user=researcher
+    )
+    assert run.config["task"]["args"]["hub"] == "stanfordnlp/imdb"
 
 
 @pytest.mark.django_db

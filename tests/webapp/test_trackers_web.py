@@ -78,6 +78,27 @@ def test_tracker_options_of_a_launched_run_stay_inside_the_allowed_roots(
     assert needle in exc.value.field_errors[field][0]
 
 
+def test_tracker_directories_get_the_output_directorys_guard(
+    researcher: Any, roots: Any, settings: Any
+) -> None:
+    """Issue 25.3: a tracker directory could be an allowed root itself or the runs directory (the
+    output directory's managed-folder rule did not apply), and a file URI could name another host."""
+    for trackers, field in [
+        ({"tensorboard": {"log_dir": str(roots)}}, "train.trackers.tensorboard.log_dir"),
+        ({"wandb": {"dir": str(settings.RUNS_DIR), "mode": "offline"}}, "train.trackers.wandb.dir"),
+        ({"mlflow": {"tracking_uri": roots.as_uri()}}, "train.trackers.mlflow.tracking_uri"),
+        (
+            {"mlflow": {"tracking_uri": f"file://files.internal{roots / 'mlruns'}"}},
+            "train.trackers.mlflow.tracking_uri",
+        ),
+    ]:
+        cfg = {**TINY, "train": {**TINY.get("train", {}), "report_to": list(trackers), "trackers": trackers}}
+        with pytest.raises(ConfigInvalid) as exc:
+            services.create_run(cfg, user=researcher)
+        assert list(exc.value.field_errors) == [field], trackers
+        assert "manages" in exc.value.field_errors[field][0] or "host" in exc.value.field_errors[field][0]
+
+
 def test_tracker_directories_inside_the_roots_are_accepted(researcher: Any, roots: Any) -> None:
     trackers = {
         "tensorboard": {"log_dir": str(roots / "tb")},

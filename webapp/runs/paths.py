@@ -105,26 +105,50 @@ def is_model_reference_safe(value: str) -> bool:
     return value.startswith("builtin:") or is_hub_id(value)
 
 
-def looks_like_path(value: str) -> bool:
-    """Whether a free-form string (a task or reward argument) may be read as a file by a loader.
+# Argument names (the last part of a dotted field) that say what a string means. A name that says
+# "file" makes the value a path unless it is a hub id (``path: "secret.csv"`` that exists, ``"."``); a name that says
+# "text" or a registry name (CommonGen's ``concept_end_token: "."``, prompt prefixes, ``task.id``) keeps a value that merely looks
+# like a path from being refused; a hub argument must be a hub id.
+_PATH_ARG = re.compile(r"(^|_)(path|paths|file|files|dir|dirs|directory|root|folder)$")
+_TEXT_ARG = re.compile(
+    r"(^|_)(token|tokens|prefix|suffix|separator|delimiter|template|prompt|instructions|text)$"
+    r"|^(id|ids|type|kind|name|names|metric|metrics|split|lang|language|source_lang|target_lang)$"
+)
+HUB_ARGS = ("hub",)
 
-    Absolute, home and dot-relative strings are paths whatever they contain (spaces too); a relative
-    string with a ``/`` is a path unless it is a hub id, except plain text with spaces that names
-    nothing on disk (a prompt such as ``"English/German: "``), which no loader could open. Strings
-    without a ``/`` (``"."`` as an end token, ``"en"``) are not paths."""
+
+def _exists(value: str) -> bool:
+    try:
+        return Path(os.path.expanduser(value)).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def looks_like_path(value: str, key: str = "") -> bool:
+    """Whether a free-form string (a task or reward argument named ``key``) may be read as a file.
+
+    By name first: an argument named like a file (``path``, ``*_path``, ``*_file``, ``*_dir``…) is a
+    path unless it is a hub id (which names nothing on disk, so a loader downloads it), and one named like text (``*_token``, ``prefix``, ``template``…) is a path
+    only in the unmistakable shapes below. By value: absolute, home and dot-relative strings, ``.``,
+    ``..`` and anything that exists on disk (relative to the worker's working directory, which is
+    where a loader would open it) are paths; a relative string with a ``/`` is a path unless it is a
+    hub id, except plain text with spaces that names nothing on disk (``"English/German: "``).
+    Other strings without a ``/`` (``"en"``) are not paths."""
     if not value or "\n" in value:
         return False
+    name = key.rsplit(".", 1)[-1].split("[", 1)[0].lower()
+    if _PATH_ARG.search(name):
+        return not is_hub_id(value)  # ``model_path: lvwerra/distilbert-imdb`` is downloaded
     if value.startswith(("/", "~", "./", "../")):
+        return True
+    text = bool(_TEXT_ARG.search(name))
+    if not text and (value in (".", "..") or _exists(value)):
         return True
     if "/" not in value and os.sep not in value:
         return False
     if is_hub_id(value):
         return False
-    try:
-        exists = Path(value).exists()
-    except OSError:
-        exists = False
-    return exists or ".." in value.split("/") or not any(c.isspace() for c in value)
+    return _exists(value) or ".." in value.split("/") or not any(c.isspace() for c in value)
 
 
 def config_read_violations(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -158,12 +182,21 @@ def config_read_violations(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
         if where in checked:
             return
         if isinstance(value, Mapping):
+            gguf = value.get("gguf_file")
+            if isinstance(gguf, str) and gguf:  # a GGUF file is opened inside its model's directory
+                base = value.get("model") or value.get("name_or_path") or "."
+                check(f"{where}.gguf_file", str(Path(os.path.expanduser(str(base))) / gguf))
             for k, v in value.items():
-                walk(v, f"{where}.{k}")
+                if k != "gguf_file":
+                    walk(v, f"{where}.{k}")
         elif isinstance(value, list):
             for i, v in enumerate(value):
                 walk(v, f"{where}[{i}]")
-        elif isinstance(value, str) and looks_like_path(value):
+        elif isinstance(value, str) and where.rsplit(".", 1)[-1] in HUB_ARGS:
+            if not is_hub_id(value):
+                found.append((where, f"{value!r} is not a hub data set id (name or org/name that names "
+                                     "nothing on this server); local data goes in task.args.path"))  # fmt: skip
+        elif isinstance(value, str) and looks_like_path(value, where):
             check(where, value)
 
     for section in READ_SECTIONS:
@@ -176,15 +209,18 @@ def config_read_violations(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def tracker_violations(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``(dotted.field, message)`` for tracker options (``train.trackers``) a web-launched run may not
-    use: directories the worker would write stay inside the write roots, and an MLflow tracking URI
-    is a file store inside them. A tracking server is the worker's ``MLFLOW_TRACKING_URI``, set by
-    whoever runs the worker, so a form never points the worker at a host of its choosing."""
+    use: directories the worker would write get the output directory's rules (inside the write roots,
+    never a directory the app manages), and an MLflow tracking URI is a file store under the same
+    rules, without a host part (``file://host/...`` names another machine). A tracking server is the
+    worker's ``MLFLOW_TRACKING_URI``, set by whoever runs the worker, so a form never points the worker
+    at a host of its choosing (MLflow's own HTTP client would resolve the name again and follow
+    redirects, so :mod:`engine.netguard` could not pin it)."""
     trackers = (cfg.get("train") or {}).get("trackers") or {}
     found: list[tuple[str, str]] = []
 
     def check(where: str, value: str) -> None:
         try:
-            check_path(value, write_roots())
+            check_output_dir(value, what=where)
         except PathNotAllowed as exc:
             found.append((where, str(exc)))
 
@@ -193,16 +229,21 @@ def tracker_violations(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
         if isinstance(value, str) and value:
             check(f"train.trackers.{tracker}.{key}", value)
     uri = (trackers.get("mlflow") or {}).get("tracking_uri")
+    where = "train.trackers.mlflow.tracking_uri"
     if isinstance(uri, str) and uri:
         parsed = urlparse(uri)
-        if parsed.scheme == "file":
-            check("train.trackers.mlflow.tracking_uri", url2pathname(parsed.path))
+        if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+            found.append(
+                (where, f"file URI with the host {parsed.netloc!r}: give a local file-store directory")
+            )
+        elif parsed.scheme == "file":
+            check(where, url2pathname(parsed.path))
         elif parsed.scheme == "":
-            check("train.trackers.mlflow.tracking_uri", uri)
+            check(where, uri)
         else:
             found.append(
                 (
-                    "train.trackers.mlflow.tracking_uri",
+                    where,
                     f"{parsed.scheme}: tracking URIs are set by the worker's MLFLOW_TRACKING_URI, not by a "
                     "launched config; leave this empty or give a file-store directory inside the allowed "
                     "directories",
@@ -211,21 +252,22 @@ def tracker_violations(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def check_output_dir(value: str | Path) -> Path:
-    """A run's output directory: inside the allowed roots or the runs directory, and never one of
-    those roots itself, the data directory or the reward-models directory (or a parent of one of
-    them), which deleting the run's files would wipe."""
+def check_output_dir(value: str | Path, what: str = "output dir") -> Path:
+    """A directory a run writes (its output directory, a tracker's directory): inside the allowed
+    roots or the runs directory, and never one of those roots itself, the data directory or the
+    reward-models directory (or a parent of one of them), which deleting the run's files would wipe
+    or whose files the run would overwrite."""
     p = check_path(value, write_roots())
     data_dir = resolve(getattr(settings, "DATA_DIR", runs_root()))
     protected = {*allowed_roots(), runs_root(), data_dir, reward_models_dir()}
     for d in sorted(protected):
         if inside(d, p):
             raise PathNotAllowed(
-                f"output dir {p} is (or contains) {d}, a directory the app manages; "
+                f"{what} {p} is (or contains) {d}, a directory the app manages; "
                 "choose a new directory inside it"
             )
     if inside(p, reward_models_dir()):
-        raise PathNotAllowed(f"output dir {p} is inside the reward-models directory {reward_models_dir()}")
+        raise PathNotAllowed(f"{what} {p} is inside the reward-models directory {reward_models_dir()}")
     return p
 
 
