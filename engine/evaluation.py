@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,9 @@ def generate_texts(
     decoder_start_id: int | list[int] | None = None,
     masking_lm: Any | None = None,
     nlpo: Any | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> list[str]:
-    """Decode prompts in batches; beam search goes through HF ``generate``, the rest through our cached loop.
+    """Decode prompts in batches (``on_batch(done, total)`` after each: long evaluations show progress); beam search goes through HF ``generate``, the rest through our cached loop.
 
     With ``masking_lm`` and ``nlpo`` (an NLPOConfig) the generation is NLPO's masked one, as RL4LMs
     evaluates an NLPO policy; beam search cannot apply the mask and is then refused.
@@ -100,6 +102,8 @@ def generate_texts(
                 )
             new = res if is_seq2seq else res[:, ids.shape[1] :]
             out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+            if on_batch is not None:
+                on_batch(len(out), len(prompts))
             continue
         g = generate(
             lm,
@@ -115,6 +119,8 @@ def generate_texts(
             record_support=False,
         )
         out.extend(decode_generations(tokenizer, g.gen_ids, g.gen_mask))
+        if on_batch is not None:
+            on_batch(len(out), len(prompts))
     lm.train(was_training)
     return out
 
@@ -190,8 +196,12 @@ def evaluate(
     max_samples: int | None = None,
     sink: Any | None = None,
     with_reward: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``model_path`` (default: the config's model) on ``split``; optionally write a results JSON."""
+    """Evaluate ``model_path`` (default: the config's model) on ``split``; optionally write a results JSON.
+
+    ``progress`` receives a line per generated batch and per scoring phase: a test evaluation of
+    hundreds of prompts takes minutes on a CPU and should not look hung."""
     cfg = config
     split = split or cfg.eval.split
     path = resolve_model_path(
@@ -234,7 +244,10 @@ def evaluate(
         decoder_start_id=start,
         masking_lm=lm if masked else None,
         nlpo=cfg.algorithm.nlpo if masked else None,
+        on_batch=(lambda done, total: progress(f"generated {done}/{total}")) if progress else None,
     )
+    if progress is not None:
+        progress(f"scoring {len(gens)} generations: reward and {len(cfg.eval.metrics)} metrics")
     reward_fn = build_reward(cfg.reward) if with_reward else None
     corpus, rows = score_generations(
         samples,

@@ -48,11 +48,17 @@ STUDY_FILE = "study.json"
 RESULT_FILE = "result.json"
 TEST_FILE = "test_results.json"
 REFERENCE_FORMAT = "grue-reference-runs/1"
-SENTIMENT = "semantic/sentiment_vader"
+# The study's sentiment (reward and verdicts): the shipped learned classifier on prompt + continuation,
+# as RL4LMs's DistilBERT-IMDB metric; the continuation alone and VADER are extra columns.
+SENTIMENT = "semantic/sentiment_tfidf"
+SENTIMENT_CONTINUATION = "semantic/sentiment_tfidf_continuation"
+SENTIMENT_VADER = "semantic/sentiment_vader"
 PERPLEXITY = "fluency_metrics/perplexity"
 # The paper's IMDB columns (RL4LMs Table: sentiment, fluency, diversity), in table order.
 TABLE_METRICS: tuple[tuple[str, str, bool], ...] = (
     (SENTIMENT, "Sentiment", True),
+    (SENTIMENT_CONTINUATION, "Sentiment (continuation)", True),
+    (SENTIMENT_VADER, "VADER (continuation)", True),
     (PERPLEXITY, "Perplexity ↓", False),
     ("fluency_metrics/generation_perplexity", "Gen. perplexity ↓", False),
     ("diversity_metrics/msttr-100", "MSTTR", True),
@@ -63,10 +69,10 @@ TABLE_METRICS: tuple[tuple[str, str, bool], ...] = (
 )
 # Curves with seed bands: (metric key in metrics.jsonl, title, file stem).
 CURVES: tuple[tuple[str, str, str], ...] = (
-    ("train/reward_mean", "Training reward (VADER, mean per iteration)", "reward"),
+    ("train/reward_mean", "Training reward (TF-IDF classifier P(positive), mean per iteration)", "reward"),
     ("train/kl", "KL to the reference model (per token, nats)", "kl"),
     ("eval/" + PERPLEXITY, "Policy perplexity on validation references", "perplexity"),
-    ("eval/" + SENTIMENT, "Validation sentiment (VADER)", "sentiment"),
+    ("eval/" + SENTIMENT, "Validation sentiment (TF-IDF classifier, prompt + continuation)", "sentiment"),
 )
 # RL4LMs paper, IMDB test set, GPT-2 (sentiment, perplexity); the GRUE page's paper row reads it from here.
 PAPER_IMDB = {
@@ -121,10 +127,13 @@ class Budget:
 
 
 BUDGETS: dict[str, Budget] = {
-    # The reproduction: ~4 CPU hours on 2 cores (docs/reproduction.md, "Budget").
+    # The reproduction (docs/reproduction.md, "Budget"): RL4LMs's IMDB configs at CPU scale, fp32.
     "small": Budget(
         name="small",
-        description="SmolLM2-135M, 30 iterations x 16 prompts x 48 tokens, 3 seeds: about 4 h on 2 CPU cores",
+        description=(
+            "SmolLM2-135M, 30 iterations x 16 prompts x 48 tokens, TF-IDF sentiment reward, 500 test "
+            "reviews, fp32, 3 seeds"
+        ),
         n_iters=30,
         prompts_per_iter=16,
         max_new_tokens=48,
@@ -135,8 +144,31 @@ BUDGETS: dict[str, Budget] = {
         save_every=5,
         eval_prompts=16,
         test_prompts=None,
-        sft_epochs=3,
+        sft_epochs=1,
         sft_batch_size=8,
+        extra={"model": {"mixed_precision": "no"}, "task": {"args": {"fixture": "imdb_large"}}},
+    ),
+    # The critic check of issue #24: PPO seed 0 at the "small" budget with RL4LMs's separate value model
+    # (a copy of the trunk with its own value head) instead of the value head on the policy's trunk.
+    "small_separate_critic": Budget(
+        name="small_separate_critic",
+        description="the 'small' budget with a separate critic (RL4LMs's and TRL's design)",
+        n_iters=30,
+        prompts_per_iter=16,
+        max_new_tokens=48,
+        rl_learning_rate=1e-5,
+        n_epochs=4,
+        minibatch_size=4,
+        eval_every=5,
+        save_every=5,
+        eval_prompts=16,
+        test_prompts=None,
+        sft_epochs=1,
+        sft_batch_size=8,
+        extra={
+            "model": {"mixed_precision": "no", "value_head": "separate"},
+            "task": {"args": {"fixture": "imdb_large"}},
+        },
     ),
     # The test suite's: the whole grid on the builtin tiny GPT-2 in seconds (no learning expected).
     "smoke": Budget(
@@ -159,6 +191,7 @@ BUDGETS: dict[str, Budget] = {
         log_samples=2,
         model="builtin:tiny-gpt2",
         metrics=(
+            {"id": "sentiment", "args": {"variant": "tfidf"}},
             {"id": "sentiment", "args": {}},
             {"id": "perplexity", "args": {"stride": 512}},
             {"id": "diversity", "args": {}},
@@ -292,11 +325,12 @@ class Job:
 def cost_units(cell: str, budget: Budget) -> float:
     """Rough relative cost of a run, for the overall ETA: episodes trained plus SFT examples plus
     evaluated prompts (a generated episode costs about what a trained one does)."""
-    units = float(budget.eval_prompts + (budget.test_prompts or 50))
+    units = float(budget.eval_prompts + (budget.test_prompts or 500))
     if cell not in ("zero_shot", "supervised"):
         units += budget.n_iters * (budget.prompts_per_iter * 2 + budget.eval_prompts / budget.eval_every)
     if cell != "zero_shot":
-        steps = budget.sft_max_steps or math.ceil(80 * budget.sft_epochs / budget.sft_batch_size)
+        # ~400 positive reviews in the study's SFT split (imdb_large: 800 train reviews, half positive)
+        steps = budget.sft_max_steps or math.ceil(400 * budget.sft_epochs / budget.sft_batch_size)
         units += steps * budget.sft_batch_size
     return units
 
@@ -350,6 +384,41 @@ def fmt_seconds(s: float | None) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the platform's processor string elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def machine_record(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Where and how a run was made: runs of one study made on different machines are compared, so each
+    result says its CPU, whether bf16 is native there, the precision it ran in, threads and versions."""
+    import platform
+
+    import torch
+
+    from engine.models.loading import cpu_has_fast_bf16
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "gpu": gpu,
+        "native_bf16": cpu_has_fast_bf16() if gpu is None else bool(torch.cuda.is_bf16_supported()),
+        "mixed_precision": cfg.get("model", {}).get("mixed_precision"),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
 def _prune_weights(run_dir: Path) -> None:
     """Drop checkpoints and the saved model of an evaluated run (hundreds of MB each for SmolLM2):
     the report and the reference file need metrics and samples only."""
@@ -397,6 +466,7 @@ def run_job(
             split="test",
             model_path=str(trained_model) if job.cell != "zero_shot" else None,
             output=run_dir / TEST_FILE,
+            progress=lambda line: say(f"  {job.key}: test evaluation, {line}"),
         )
         t2 = time.perf_counter()
     except Exception as exc:  # noqa: BLE001 - reported per run; the grid goes on
@@ -414,6 +484,7 @@ def run_job(
         "test": {"split": "test", "n_samples": result["n_samples"], "metrics": result["metrics"]},
         "train_s": round(t1 - t0, 3),
         "test_eval_s": round(t2 - t1, 3),
+        "machine": machine_record(cfg),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     tmp = run_dir / f".{RESULT_FILE}.tmp"

@@ -11,6 +11,7 @@ and RNG states, so a run resumed from its last checkpoint follows the same traje
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -319,6 +320,31 @@ class Trainer:
             return AdapterDisabledReference(self.policy.lm)
         return self.frozen_copy(self.policy.lm)
 
+    def _param_drift(self) -> dict[str, float]:
+        """``policy/param_drift``: ‖θ − θ₀‖ / ‖θ₀‖ of the language model's weights against the frozen
+        reference (the policy at the start of RL). Why: a scaled learning rate is only comparable with
+        RL4LMs's if the drift it causes is (docs/reproduction.md, "Learning rate"); measured, not argued.
+        Skipped where the reference is not the starting policy's own copy (LoRA, another model, FSDP)."""
+        ref = self.ref_lm
+        if (
+            ref is None
+            or self.lora
+            or self.ref_path
+            or distributed.is_sharded()
+            or not hasattr(ref, "named_parameters")
+        ):
+            return {}
+        ref_params = dict(ref.named_parameters())
+        diff = base = 0.0
+        with torch.no_grad():
+            for name, p in self.policy.lm.named_parameters():
+                p0 = ref_params.get(name)
+                if p0 is None or p0.shape != p.shape:
+                    continue
+                diff += float(torch.sum((p.detach().float() - p0.float()) ** 2))
+                base += float(torch.sum(p0.float() ** 2))
+        return {"policy/param_drift": math.sqrt(diff / base)} if base > 0 else {}
+
     def _policy_state(self) -> dict[str, Any]:
         """What a checkpoint stores of the policy: everything, or with LoRA the adapter and value head.
         Sharded (FSDP): the gathered full state dict, on rank 0 only; every rank must call this."""
@@ -606,8 +632,8 @@ class Trainer:
             ret = adv
         else:
             adv, ret = gae(rewards, batch.values, mask, cfg.algorithm.gamma, cfg.algorithm.gae_lambda)
-            if cfg.algorithm.whiten_advantages:
-                adv = whiten(adv, mask)
+            if cfg.algorithm.whiten_advantages and not self.algo.whitens_per_minibatch:
+                adv = whiten(adv, mask)  # PPO/NLPO normalise each minibatch instead (SB3)
         t_update = time.perf_counter()
         shuffle = torch.Generator().manual_seed(_mix(cfg.train.seed, it, 2))
         stats = self.algo.update(
@@ -650,6 +676,7 @@ class Trainer:
                 explained_variance(batch.values, ret, mask) if critic_free is None else float("nan")
             ),
             **stats,
+            **self._param_drift(),
             "time/generate_s": timings.get("generate", 0.0),
             "time/score_s": timings.get("score", 0.0),
             "time/reward_s": timings.get("reward", 0.0),

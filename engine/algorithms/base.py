@@ -15,6 +15,9 @@ class Algorithm:
     is_rl: bool = True
     #: True when generation must be restricted by a masking policy (NLPO).
     uses_masking_policy: bool = False
+    #: True when the algorithm normalises advantages per minibatch itself (PPO/NLPO, as SB3): the
+    #: trainer then hands it GAE's raw advantages instead of whitening them once per rollout.
+    whitens_per_minibatch: bool = False
 
     def __init__(self, cfg: Any):
         self.cfg = cfg

@@ -50,6 +50,21 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: fl
     return out * mask
 
 
+def normalize_minibatch(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """SB3's per-minibatch advantage normalisation, ``(A - mean) / (std + 1e-8)``, over valid tokens.
+
+    The standard deviation is the sample one (n − 1, as ``torch.std``) and ``eps`` is added to it, not
+    to the variance: RL4LMs's PPO is SB3's, which normalises each minibatch this way. A minibatch with a
+    single valid token has no spread; it is centred only. Masked-out entries become 0."""
+    n = mask.sum()
+    mean = (x * mask).sum() / n.clamp(min=1)
+    centred = (x - mean) * mask
+    if float(n) < 2:
+        return centred
+    std = torch.sqrt((centred**2).sum() / (n - 1))
+    return centred / (std + eps)
+
+
 def gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,13 +148,18 @@ def clipped_value_loss(
     mask: torch.Tensor,
     clip: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """0.5 * max((V - R)^2, (V_clipped - R)^2); returns (loss, fraction of clipped values)."""
+    """``mean((V - R)^2)`` over valid tokens, or ``mean(max((V - R)^2, (V_clipped - R)^2))`` with a clip
+    range; returns (loss, fraction of clipped values).
+
+    No factor ½: RL4LMs's PPO is SB3's, whose value loss is ``F.mse_loss`` (A2C and TRPO here use the
+    same), so ``vf_coef`` weighs the same quantity as there. With clipping, the pessimistic max of the
+    two errors (PPO2 / TRL) is kept; SB3 takes the clipped prediction's error alone (docs/engine.md)."""
     err = (values - returns) ** 2
     if clip is None:
-        return 0.5 * masked_mean(err, mask), torch.zeros((), device=values.device)
+        return masked_mean(err, mask), torch.zeros((), device=values.device)
     v_clipped = old_values + torch.clamp(values - old_values, -clip, clip)
     err_clipped = (v_clipped - returns) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(err, err_clipped), mask)
+    loss = masked_mean(torch.maximum(err, err_clipped), mask)
     return loss, masked_mean((err_clipped > err).float(), mask).detach()
 
 
@@ -171,6 +191,10 @@ def _trim(batch: Any, idx: torch.Tensor) -> tuple[dict[str, torch.Tensor], slice
 class PPO(Algorithm):
     def setup(self, policy: Any) -> None:
         pass
+
+    @property
+    def whitens_per_minibatch(self) -> bool:
+        return bool(self.cfg.whiten_advantages and self.cfg.advantage_normalization == "minibatch")
 
     def minibatch_loss(
         self,
@@ -209,6 +233,8 @@ class PPO(Algorithm):
             del full
         old_lp = batch.logprobs[idx][:, tsl]
         adv = advantages[idx][:, tsl]
+        if self.whitens_per_minibatch:
+            adv = normalize_minibatch(adv, mask)
         pg_loss, pg_stats = clipped_policy_loss(new_lp, old_lp, adv, mask, cfg.clip_range)
         v_loss, vclip = clipped_value_loss(
             values.float(), batch.values[idx][:, tsl], returns[idx][:, tsl], mask, cfg.clip_range_value

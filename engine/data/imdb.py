@@ -34,6 +34,7 @@ class IMDBTask(GrueTask):
 
     task_id = "imdb"
     fixture_name = "imdb"
+    fixture_variants = ("imdb_large",)
     hub_name = "imdb"
     default_reward: dict[str, Any] = {"id": "sentiment_vader", "args": {}}
     default_metrics = IMDB_METRICS

@@ -134,6 +134,8 @@ class GrueTask:
 
     task_id = "task"
     fixture_name = ""
+    #: Other shipped samples of this task that ``fixture`` may name (e.g. the study's larger IMDB sample).
+    fixture_variants: tuple[str, ...] = ()
     hub_name: str | tuple[str, ...] = ""
     default_reward: dict[str, Any] = {}
     default_metrics: list[dict[str, Any]] = []
@@ -165,10 +167,21 @@ class GrueTask:
         validation_path: str | None = None,
         test_path: str | None = None,
         hub: bool | str = False,
+        fixture: str | None = None,
     ):
         split_paths = {"train": train_path, "validation": validation_path, "test": test_path}
         if hub and (path or any(split_paths.values())):
             raise DataError(f"task {self.task_id!r}: give either hub or local paths (path/…_path), not both")
+        if fixture is not None:
+            # A name from a fixed list, never a path: configs from the web choose shipped data by id.
+            allowed = (self.fixture_name or self.task_id, *self.fixture_variants)
+            if fixture not in allowed:
+                raise DataError(
+                    f"task {self.task_id!r}: task.args.fixture must be one of {', '.join(allowed)} (got {fixture!r})"
+                )
+            if hub or path or any(split_paths.values()):
+                raise DataError(f"task {self.task_id!r}: give either fixture or hub / local paths, not both")
+            self.fixture_name = fixture
         self.path = path
         self.split_paths = split_paths
         self.hub = hub

@@ -5,6 +5,10 @@ through the registry so that the metric and the training reward score texts iden
 
 * ``variant="vader"`` (default, works offline): ``(compound + 1) / 2`` in [0, 1];
   key ``semantic/sentiment_vader``.
+* ``variant="tfidf"``: P(positive) of the shipped IMDB TF-IDF + logistic-regression classifier
+  (``engine.rewards.tfidf_sentiment``, 0.90 test accuracy; a learned classifier like RL4LMs's, runnable
+  offline); ``include_prompt`` default True, as RL4LMs's learned metric; key ``semantic/sentiment_tfidf``,
+  with ``include_prompt: false`` ``semantic/sentiment_tfidf_continuation`` (both columns fit one run).
 * ``variant="learned"``: softmax probability of ``label_index`` of any HF sequence-classification
   model (``model_path``), RL4LMs's ``semantic/learned_automodel_metric`` (its IMDB sentiment metric).
   ``include_prompt`` (default True for learned, as RL4LMs's ``include_prompt_for_eval``) scores
@@ -19,7 +23,12 @@ from typing import Any
 from engine.metrics.base import Metric, MetricError, MetricResult, check_inputs, mean
 from engine.registry import metrics, rewards
 
-KEYS = {"vader": "semantic/sentiment_vader", "learned": "semantic/learned_automodel_metric"}
+KEYS = {
+    "vader": "semantic/sentiment_vader",
+    "tfidf": "semantic/sentiment_tfidf",
+    "learned": "semantic/learned_automodel_metric",
+}
+SCORERS = {"vader": "sentiment_vader", "tfidf": "sentiment_tfidf", "learned": "learned"}
 
 
 @metrics.register(
@@ -32,12 +41,14 @@ class Sentiment(Metric):
 
         self.variant = variant
         self.key = self.reward_key = KEYS[variant]
-        self.include_prompt = (variant == "learned") if include_prompt is None else include_prompt
+        self.include_prompt = (variant != "vader") if include_prompt is None else include_prompt
+        if variant == "tfidf" and not self.include_prompt:
+            self.key = self.reward_key = KEYS[variant] + "_continuation"
         if variant == "learned" and "model_path" not in scorer_args:
             raise MetricError(
                 "sentiment: variant 'learned' needs model_path (an HF sequence-classification dir)"
             )
-        self.scorer = rewards.build("sentiment_vader" if variant == "vader" else "learned", **scorer_args)
+        self.scorer = rewards.build(SCORERS[variant], **scorer_args)
 
     def compute(self, prompts, generations, references, meta=None) -> MetricResult:
         check_inputs(prompts, generations, references, meta)

@@ -328,6 +328,9 @@ class ActorCritic(nn.Module):
                     self.decoder_start_id,
                     want_hidden=True,
                     share_prompts=share_prompts,
+                    # The critic needs its trunk's last hidden state only: the lazy path runs the base
+                    # model and never computes the critic's (B, T, V) logits or keeps every layer's states.
+                    lazy_head=True,
                 )
                 values = self.value_head(c_hidden)
         return logits, values

@@ -70,6 +70,33 @@ def test_actor_critic_shapes_and_value_head_placement(make_policy, kind, value_h
     assert policy.value_head.linear.weight.grad.abs().sum() > 0
 
 
+def test_separate_critic_values_skip_its_lm_head(make_policy):
+    """The critic's values are its trunk's last hidden state through the value head, the same numbers
+    as a full forward's; its vocabulary-sized head is never run (issue #30: a critic needs no logits)."""
+    policy, _ = make_policy("causal", "separate")
+    batch = {
+        "prompt_ids": torch.tensor([[50256, 464, 3807], [15496, 995, 13]]),
+        "prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1]]),
+        "gen_ids": torch.tensor([[16, 17, 50256, 50256], [18, 19, 20, 21]]),
+        "gen_mask": torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]]),
+    }
+    calls = []
+    head = policy.critic.get_output_embeddings()
+    hook = head.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        _, values = policy.forward_tokens(batch)
+    finally:
+        hook.remove()
+    assert calls == []
+    ids = torch.cat([batch["prompt_ids"], batch["gen_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["gen_mask"].long()], 1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        full = policy.critic(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
+        expected = policy.value_head(full.hidden_states[-1][:, 2:6])
+    assert torch.allclose(values.detach(), expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["causal", "seq2seq"])
 def test_dropout_is_off_so_train_and_eval_passes_agree(tiny_dirs, kind):
     lm = load_lm(tiny_dirs[kind], kind)

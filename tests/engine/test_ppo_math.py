@@ -11,6 +11,7 @@ from engine.algorithms.ppo import (
     explained_variance,
     gae,
     kl_shaped_rewards,
+    normalize_minibatch,
     whiten,
 )
 from engine.kl import (
@@ -88,11 +89,26 @@ def test_value_loss_clipping():
     returns = torch.tensor([[2.0, 2.0]])
     mask = torch.ones(1, 2)
     loss, frac = clipped_value_loss(values, old, returns, mask, clip=0.2)
-    # unclipped errors 1, 1; clipped values 0.7, 2.2 -> errors 1.69, 0.04; max -> 1.69, 1 -> 0.5*mean = 0.6725
-    assert loss.item() == pytest.approx(0.6725)
+    # unclipped errors 1, 1; clipped values 0.7, 2.2 -> errors 1.69, 0.04; max -> 1.69, 1 -> mean = 1.345
+    # (no factor 1/2: SB3's F.mse_loss, which RL4LMs's PPO uses)
+    assert loss.item() == pytest.approx(1.345)
     assert frac.item() == pytest.approx(0.5)
     loss_nc, _ = clipped_value_loss(values, old, returns, mask, clip=None)
-    assert loss_nc.item() == pytest.approx(0.5)
+    assert loss_nc.item() == pytest.approx(1.0)
+
+
+def test_minibatch_advantage_normalisation_is_sb3s():
+    """(A - mean) / (sample std + 1e-8) over the valid tokens of the minibatch, padding at 0."""
+    adv = torch.tensor([[1.0, 2.0, 99.0], [3.0, 6.0, -7.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    out = normalize_minibatch(adv, mask)
+    # valid 1, 2, 3, 6: mean 3, deviations -2 -1 0 3, sample variance 14/3
+    std = (14 / 3) ** 0.5
+    expected = torch.tensor([[-2 / std, -1 / std, 0.0], [0.0, 3 / std, 0.0]])
+    assert torch.allclose(out, expected, atol=1e-6)
+    # one valid token: centred, not divided by a zero spread
+    single = normalize_minibatch(torch.tensor([[5.0, 1.0]]), torch.tensor([[1.0, 0.0]]))
+    assert single.tolist() == [[0.0, 0.0]]
 
 
 def test_kl_shaped_rewards_put_task_reward_on_last_valid_token():

@@ -290,7 +290,12 @@ def test_rl4lms_hyperparameters_mirrored():
     assert imdb.reward.id == "learned_reward"
     nlpo = parse_config(load_preset("imdb_nlpo"))
     assert nlpo.algorithm.nlpo.top_mask == 0.9 and nlpo.algorithm.nlpo.mask_update_interval == 5
-    assert parse_config(load_preset("imdb_supervised_ppo")).kl.target == 0.5
+    # RL4LMs's *_on_supervised configs: target 0.1 since its commit 81fe8f0 (0.5 before)
+    assert parse_config(load_preset("imdb_supervised_ppo")).kl.target == 0.1
+    # HF generate's default top_k 50, which RL4LMs's sampling never overrides, in rollout and evaluation
+    for name in ("imdb_ppo", "imdb_nlpo_offline", "imdb_zero_shot", "imdb_supervised_offline"):
+        cfg = parse_config(load_preset(name))
+        assert cfg.rollout.top_k == 50 and cfg.eval.generation.top_k == 50, name
     sup = parse_config(load_preset("imdb_supervised"))
     assert sup.task.id == "imdb_seq2seq" and sup.supervised.epochs == 10 and sup.supervised.batch_size == 16
     # Supervised + RL: SFT on positive reviews (imdb_seq2seq), RL and evaluation on imdb, as RL4LMs.
@@ -324,7 +329,8 @@ def test_offline_uses_smollm2_gguf_that_exists():
 
     cfg = parse_config(load_preset("imdb_ppo_offline"))
     assert Path(cfg.model.name_or_path).is_file() and cfg.model.name_or_path.endswith(".gguf")
-    assert cfg.reward.id == "sentiment_vader"
+    # the shipped learned classifier on prompt + continuation, as RL4LMs's DistilBERT reward
+    assert cfg.reward.id == "sentiment_tfidf" and cfg.reward.include_prompt
 
 
 def test_unknown_preset_lists_names():

@@ -42,7 +42,10 @@ class TaskSpec:
     paper: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
 
 
-SENTIMENT = MetricSpec("Sentiment", ("semantic/learned_automodel_metric", "semantic/sentiment_vader"))
+SENTIMENT = MetricSpec(
+    "Sentiment",
+    ("semantic/learned_automodel_metric", "semantic/sentiment_tfidf", "semantic/sentiment_vader"),
+)
 PERPLEXITY = MetricSpec("Perplexity", ("fluency_metrics/perplexity",), higher_is_better=False)
 METEOR = MetricSpec("METEOR", ("lexical/meteor",))
 ROUGE1 = MetricSpec("ROUGE-1", ("lexical/rouge_rouge1",))
