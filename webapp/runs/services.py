@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from engine import launch_checks
 from engine.config import ConfigError, parse_config
 from webapp.runs import paths
 from webapp.runs.broadcast import clean_float
@@ -53,19 +54,29 @@ log = logging.getLogger(__name__)
 def validate_config(
     config: Mapping[str, Any], *, run_id: int | None = None, resuming: bool = False
 ) -> dict[str, Any]:
-    """Validate with the engine's schema and the web app's path rules; returns the normalised config
-    (defaults filled in). Raises ConfigInvalid whose errors name the dotted field."""
-    nul = _nul_fields(config)
-    if nul:  # PostgreSQL cannot store a NUL character (the config is a jsonb column)
-        errors = [(f, "contains a NUL character (\\u0000), which cannot be stored") for f in nul]
-        raise ConfigInvalid("; ".join(f"{f}: {m}" for f, m in errors), errors)
+    """Validate with the engine's schema, this installation's components and model sizes
+    (``engine.launch_checks``) and the web app's path rules; returns the normalised config (defaults
+    filled in). The one validator of the launch form, the YAML view, sweeps and the API: an invalid
+    config queues nothing. Raises ConfigInvalid listing every error found, each naming its field."""
+    errors = [(f, "contains a NUL character (\\u0000), which cannot be stored") for f in _nul_fields(config)]
     try:
         cfg = parse_config(dict(config)).to_dict()
     except ConfigError as exc:
-        errors = exc.errors or [("(root)", str(exc))]
-        raise ConfigInvalid(str(exc), errors) from None
-    check_config_paths(cfg, run_id=run_id, resuming=resuming)
+        schema = exc.errors or [("(root)", str(exc))]
+        errors += schema + launch_checks.component_errors(config)
+        raise ConfigInvalid(str(exc) if errors == schema else _joined(errors), errors) from None
+    errors += launch_checks.launch_errors(cfg)
+    try:
+        check_config_paths(cfg, run_id=run_id, resuming=resuming)
+    except ConfigInvalid as exc:
+        errors += exc.errors
+    if errors:
+        raise ConfigInvalid(_joined(errors), errors)
     return cfg
+
+
+def _joined(errors: list[tuple[str, str]]) -> str:
+    return "invalid config: " + "; ".join(f"{f}: {m}" for f, m in errors)
 
 
 def _nul_fields(value: Any, where: str = "") -> list[str]:
