@@ -198,7 +198,7 @@ def _close_remote(remote: Any) -> None:
     if left:
         print(
             f"warning: {left} batch(es) not delivered to the dashboard yet; they are kept in the run "
-            "directory's remote/ outbox: send them with `python -m engine push RUN_DIR --report-to URL --token TOKEN`",
+            "directory's remote/ outbox: send them with `GRUE_TOKEN=... python -m engine push RUN_DIR --report-to URL`",
             file=sys.stderr,
         )
     for line in remote.rejected:
