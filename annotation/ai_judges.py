@@ -18,7 +18,6 @@ Progress, ETA and cancellation go through the judge's row.
 
 from __future__ import annotations
 
-import string
 import time
 import uuid
 from collections import defaultdict
@@ -42,7 +41,7 @@ from annotation.models import (
     Item,
     Judgment,
 )
-from engine import netguard
+from engine import netguard, templates
 from webapp.celery import app as celery_app
 from webapp.runs import paths
 from webapp.runs.services import run_queue
@@ -80,43 +79,18 @@ def check_template(template: str) -> str:
     """A prompt template, or :class:`AnnotationError` naming the first placeholder that is not allowed.
 
     Templates are user text: they are never evaluated, never Django templates and never given to
-    ``str.format`` (which would follow ``{prompt.__class__}``); only bare known names are substituted.
+    ``str.format`` (which would follow ``{prompt.__class__}``); only bare known names are substituted
+    (:mod:`engine.templates`, which GSM8K's prompt template uses too).
     """
-    if not template or not template.strip():
-        raise AnnotationError("prompt template: empty")
-    if len(template) > 20_000:
-        raise AnnotationError("prompt template: longer than 20,000 characters")
     try:
-        parts = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        raise AnnotationError(f"prompt template: {exc} (write {{{{ and }}}} for literal braces)") from None
-    used = set()
-    for _literal, field, spec, conversion in parts:
-        if field is None:
-            continue
-        if field not in TEMPLATE_FIELDS or spec or conversion:
-            shown = (
-                "{" + field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
-            )
-            raise AnnotationError(
-                f"prompt template: unknown placeholder {shown}; use {', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)}"
-                " (write {{ and }} for literal braces)"
-            )
-        used.add(field)
-    missing = [f for f in ("response_a", "response_b") if f not in used]
-    if missing:
-        raise AnnotationError(f"prompt template: must contain {' and '.join('{' + m + '}' for m in missing)}")
-    return template
+        return templates.check_template(template, TEMPLATE_FIELDS, ("response_a", "response_b"))
+    except templates.TemplateError as exc:
+        raise AnnotationError(str(exc)) from None
 
 
 def render_template(template: str, values: dict[str, str]) -> str:
     """Substitute the known fields (after :func:`check_template`); the values are inserted verbatim."""
-    out = []
-    for literal, field, _spec, _conv in string.Formatter().parse(template):
-        out.append(literal)
-        if field is not None:
-            out.append(values[field])
-    return "".join(out)
+    return templates.render_template(template, values)
 
 
 def axes_text(camp: Campaign) -> str:

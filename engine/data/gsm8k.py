@@ -19,6 +19,7 @@ from typing import Any
 from engine.data.base import Sample
 from engine.data.sources import DataError, GrueTask, seeded_shuffle
 from engine.registry import tasks
+from engine.templates import TemplateError, check_template, render_template
 
 DEFAULT_TEMPLATE = "Question: {question}\nAnswer:"
 GSM8K_METRICS = [{"id": "math_accuracy", "args": {}}]
@@ -52,17 +53,16 @@ class GSM8KTask(GrueTask):
         **source: Any,
     ):
         super().__init__(**source)
+        # Bare {question} only (engine.templates): str.format would obey "{question:>1000000}" and
+        # make megabyte prompts, and follow "{question.__class__}".
+        try:
+            check_template(prompt_template, ("question",), what="task 'gsm8k': prompt_template")
+        except TemplateError as exc:
+            raise DataError(f"{exc}; it may only use the field {{question}}") from None
         if "{question}" not in prompt_template:
             raise DataError(
-                f"task 'gsm8k': prompt_template must contain '{{question}}', got {prompt_template!r}"
+                f"task 'gsm8k': prompt_template must contain '{{question}}', got {prompt_template[:200]!r}"
             )
-        try:
-            prompt_template.format(question="")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise DataError(
-                f"task 'gsm8k': prompt_template may only use the field {{question}} ({exc!r}); "
-                "write a literal brace as {{ or }}"
-            ) from None
         if not 0 < validation_ratio < 1:
             raise DataError(f"task 'gsm8k': validation_ratio must be between 0 and 1, got {validation_ratio}")
         self.prompt_template = prompt_template
@@ -96,7 +96,7 @@ class GSM8KTask(GrueTask):
             out.append(
                 Sample(
                     id=sid,
-                    prompt=self.prompt_template.format(question=question),
+                    prompt=render_template(self.prompt_template, {"question": question}),
                     references=[" " + solution.strip()],
                     meta={"answer": final, "question": question},
                 )
