@@ -24,6 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core.cache import cache
+from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import escape
@@ -38,8 +39,8 @@ class JsonSerializer:
     """Serializer for ``django.core.cache.backends.redis.RedisCache`` that never unpickles.
 
     Integers stay raw (like Django's own serializer) so ``incr``/``decr`` are atomic in Redis.
-    A stored value that is not valid JSON (e.g. a planted pickle) raises ``ValueError``, which the
-    callers' cache helpers treat as a miss, so nothing foreign is ever turned into objects."""
+    A stored value that is not valid JSON (e.g. a planted pickle) raises ``ValueError``, which
+    :class:`JsonRedisCache` turns into a miss, so nothing foreign is ever turned into objects."""
 
     def dumps(self, obj: Any) -> bytes | int:
         if type(obj) is int:
@@ -55,6 +56,41 @@ class JsonSerializer:
             pass
         text = data.decode() if isinstance(data, bytes) else data
         return json.loads(text)
+
+
+class _MissOnForeignValueClient(RedisCacheClient):
+    """Reads that count a stored value the serializer refuses as absent, and remove it, so that
+    ``add`` and ``get_or_set`` (which only write a missing key) store a fresh value again."""
+
+    def get(self, key: Any, default: Any) -> Any:
+        try:
+            return super().get(key, default)
+        except ValueError:  # not JSON (a planted pickle, stray bytes); UnicodeDecodeError included
+            self.delete(key)
+            return default
+
+    def get_many(self, keys: Any) -> dict[Any, Any]:
+        found = {}
+        for key, raw in zip(keys, self.get_client(None).mget(keys), strict=True):
+            if raw is None:
+                continue
+            try:
+                found[key] = self._serializer.loads(raw)
+            except ValueError:
+                self.delete(key)
+        return found
+
+
+class JsonRedisCache(RedisCache):
+    """Django's Redis cache, with :class:`JsonSerializer`, where a value that is not JSON is a miss.
+
+    Why: anyone who can write to Redis can plant bytes under a cache key; the serializer refuses to
+    turn them into objects, but Django's client let that ``ValueError`` out of ``cache.get``, so one
+    planted value made every page reading that key fail instead of recomputing it."""
+
+    def __init__(self, server: Any, params: dict[str, Any]) -> None:
+        super().__init__(server, params)
+        self._class = _MissOnForeignValueClient
 
 
 # --------------------------------------------------------------------------- login throttling

@@ -166,7 +166,8 @@ CHANNEL_LAYERS = {
 
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        # Django's Redis cache where a stored value that is not JSON is a miss (webapp/security.py).
+        "BACKEND": "webapp.security.JsonRedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": CHANNEL_PREFIX,
         # JSON, never pickle: a value planted in Redis must not run code in the web server or a worker.

@@ -66,6 +66,21 @@ def test_a_pickle_planted_in_the_cache_is_never_unpickled(researcher_client, tmp
     assert not marker.exists()
 
 
+def test_a_value_that_is_not_json_in_the_cache_is_a_miss():
+    """Issue 25.5: ``cache.get`` raised the serializer's ValueError for planted bytes, so any caller
+    without its own guard failed instead of recomputing."""
+    raw = cache._cache.get_client(write=True)
+    cache.set("h25:good", {"a": 1}, 60)
+    for planted in (b"\x80\x04not json", b"{oops", b"\xff\xfe"):
+        raw.set(cache.make_key("h25:planted"), planted)
+        assert cache.get("h25:planted", "miss") == "miss"
+        assert cache.get("h25:planted") is None
+        assert cache.get_many(["h25:planted", "h25:good"]) == {"h25:good": {"a": 1}}
+        assert cache.get_or_set("h25:planted", {"fresh": True}, 60) == {"fresh": True}
+        assert cache.get("h25:planted") == {"fresh": True}  # recomputed and stored again
+    cache.delete_many(["h25:planted", "h25:good"])
+
+
 def test_cache_serializer_round_trips_json_and_keeps_integers_raw():
     s = JsonSerializer()
     value = {"series": {"a": {"x": [1, 2], "y": [0.5, None]}}, "n": 3}
