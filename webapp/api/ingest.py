@@ -266,5 +266,5 @@ def store_batch(run_id: int, batch_id: str, events: Any, host: str) -> BatchResu
             raise ApiError(404, f"run #{run_id} was deleted; nothing stored", "run_id") from None
         raise
     if messages:
-        broadcast(run_id, messages[0] if len(messages) == 1 else protocol.batch_message(messages))
+        broadcast(run_id, protocol.flush_message(messages))
     return BatchResult(False, len(events), rec.points_stored, points)

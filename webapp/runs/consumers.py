@@ -115,6 +115,12 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.cursors = protocol.parse_cursors(content.get("after"))
             await self._catch_up()
         elif kind == "ping":
+            # The page pings now and then: a broadcast lost with nothing sent after it (the run's
+            # last flush, or a long pause of the recorder) is found here and read from the database.
+            if self.subscribed:
+                newest = await database_sync_to_async(queries.run_cursors)(self.run_id)
+                if protocol.missed_broadcast({"since": newest}, self.cursors):
+                    await self._send_missed()
             await self.send_json(protocol.pong_message(self.live_received))
         else:
             await self.send_json(protocol.error_message(f"unknown message type {kind!r}"))
@@ -124,6 +130,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         status = await database_sync_to_async(queries.run_status_message)(self.run_id)
         if status is not None:
             await self.send_json(status)
+        await self._send_missed()
+        await self.send_json(protocol.caught_up_message(self.cursors))
+
+    async def _send_missed(self) -> None:
+        """Send every stored row past this consumer's cursors (in chunks), advancing them."""
         # Per stream: its rows past the cursor (in chunks), the message they make, a row's id.
         streams = (
             (queries.metrics_after, "metric_cursor", CATCHUP_CHUNK, protocol.metrics_message, _first),
@@ -139,7 +150,6 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 await self.send_json(message(rows))
                 if len(rows) < chunk:
                     break
-        await self.send_json(protocol.caught_up_message(self.cursors))
 
     # ------------------------------------------------------------------ group messages
     async def run_message(self, event: dict[str, Any]) -> None:
@@ -149,7 +159,14 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return  # the subscription's catch-up will read it from the database
         if time.monotonic() - self._checked_at > RECHECK_SECONDS and not await self._still_allowed():
             return
-        msg = protocol.after_cursors(event["message"], self.cursors)
+        message = event["message"]
+        if protocol.missed_broadcast(message, self.cursors):
+            # Rows were stored before this message that never reached this socket: read them from the
+            # database first (this message's rows come with them and are dropped below), so the page
+            # never moves its cursor past a gap.
+            await self._send_missed()
+        message.pop("since", None)
+        msg = protocol.after_cursors(message, self.cursors)
         if msg is not None:
             await self.send_json(msg)
 

@@ -190,6 +190,29 @@ def batch_message(messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "batch", "messages": list(messages)}
 
 
+def flush_message(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """What one flush broadcasts: its only message, or a batch of them. The flush's ``since`` (the
+    run's cursors before it, on the first message) moves to the top, where consumers look for it."""
+    since = messages[0].get("since")
+    if len(messages) == 1:
+        return messages[0]
+    first = {k: v for k, v in messages[0].items() if k != "since"}
+    out = batch_message([first, *messages[1:]])
+    if since is not None:
+        out["since"] = since
+    return out
+
+
+def missed_broadcast(message: dict[str, Any], cursors: Mapping[str, int]) -> bool:
+    """Whether a consumer with ``cursors`` missed rows stored before ``message`` (its ``since`` is
+    ahead of a cursor): a broadcast was lost (Redis restarted, the recorder paused its broadcasts), and
+    the consumer must read the gap from the database before it forwards this message."""
+    since = message.get("since")
+    if not isinstance(since, dict):
+        return False
+    return any(int(since.get(name) or 0) > int(cursors.get(name) or 0) for name in CURSOR_NAMES)
+
+
 def caught_up_message(cursors: Mapping[str, int]) -> dict[str, Any]:
     return {"type": "caught_up", **{name: int(cursors.get(name) or 0) for name in CURSOR_NAMES}}
 

@@ -491,6 +491,23 @@ def metric_cursor(run_id: int) -> int:
     return row[0] if row else 0
 
 
+def run_cursors(run_id: int) -> dict[str, int]:
+    """The run's newest id in each live stream (``metric_cursor``, ``sample_cursor``, ``log_cursor``):
+    one statement, three index probes. A flush's broadcast carries these as read before its rows
+    (``since``), so a consumer whose cursors are behind knows it missed a broadcast and reads the gap
+    from the database; a ping compares them with the consumer's cursors the same way."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT (SELECT (id << {CHUNK_SHIFT}) + cardinality(steps) - 1 FROM {_CHUNKS} "
+            "WHERE run_id = %s ORDER BY id DESC LIMIT 1), "
+            f"(SELECT id FROM {Sample._meta.db_table} WHERE run_id = %s ORDER BY id DESC LIMIT 1), "
+            f"(SELECT id FROM {RunLog._meta.db_table} WHERE run_id = %s ORDER BY id DESC LIMIT 1)",
+            [run_id, run_id, run_id],
+        )
+        metric, sample, line = cur.fetchone()
+    return {"metric_cursor": metric or 0, "sample_cursor": sample or 0, "log_cursor": line or 0}
+
+
 # --------------------------------------------------------------------------- live catch-up
 
 

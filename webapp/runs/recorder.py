@@ -260,9 +260,7 @@ class _Sender:
                     return
                 messages = build()
                 if messages:  # Broadcaster.send never raises: a failure pauses broadcasts
-                    self.broadcaster.send(
-                        messages[0] if len(messages) == 1 else protocol.batch_message(messages)
-                    )
+                    self.broadcaster.send(protocol.flush_message(messages))
             except Exception:  # noqa: BLE001 - the rows are stored; clients catch up from their cursor
                 log.exception("building the live messages of %s failed", self.broadcaster.group)
             finally:
@@ -580,6 +578,8 @@ class Recorder:
             _columns(same_keys, groups)
         last = {k: _last_value(st, vs) for k, (st, vs, _ts) in groups.items()}
         with transaction.atomic():
+            # What the run held before this flush: a consumer behind these missed a broadcast.
+            since = queries.run_cursors(self.run_id)
             ids, stored = ingest.insert_point_groups(self.run_id, groups)
             lines = ingest.add_log_lines(self.run_id, log_lines, keys=log_keys, times=log_times)
             run = ingest.update_run(self.run_id, fields, last_metrics=last)
@@ -604,7 +604,7 @@ class Recorder:
                     ingest.add_checkpoint(self.run_id, ev.data["step"], ev.data["path"])
         self.points_stored += stored
         # The messages are built by the sender thread, while this one stores the next flush.
-        return lambda: self._messages(events, groups, ids, lines, run, status_at, samples)
+        return lambda: self._messages(events, groups, ids, lines, run, status_at, samples, since)
 
     def _messages(
         self,
@@ -615,8 +615,10 @@ class Recorder:
         run: Any,
         status_at: int | None,
         samples: dict[int, list[Any]],
+        since: dict[str, int] | None = None,
     ) -> list[dict[str, Any]]:
-        """The flush's messages: one metrics message with every stored point (per key, columns in id
+        """The flush's messages (``since``, the run's cursors before the flush, rides on the first,
+        so consumers detect a broadcast they missed; see ``protocol.after_cursors``): one metrics message with every stored point (per key, columns in id
         order), then the others in event order, consecutive log lines merged (protocol docstring).
         ``ids``: per key, the id of each of the flush's points of that key in emission order (None:
         not stored, the run had the step already); a ``range`` when all were stored in order."""
@@ -656,4 +658,6 @@ class Recorder:
                 out.append(protocol.checkpoint_message(ev.data["step"], ev.data["path"]))
             if idx == status_at:
                 out.append(protocol.status_message(run))
+        if out and since is not None:
+            out[0] = {**out[0], "since": since}
         return out

@@ -228,6 +228,8 @@
     el.className = "ws-state " + (cls || "muted");
   }
 
+  const PING_MS = (cfg.ping_seconds || 5) * 1000;
+
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
     const ws = new WebSocket(scheme + location.host + cfg.ws_path);
@@ -258,6 +260,15 @@
       setTimeout(connect, delay);
     };
   }
+
+  // Every few seconds while live, a ping: the server compares the run's newest rows with this
+  // socket's cursors and sends what a lost broadcast left out (consumers.py), so a gap after a Redis
+  // restart is filled even when no later message arrives to reveal it.
+  setInterval(() => {
+    if (state.ws && state.connected && state.ws.readyState === WebSocket.OPEN) {
+      state.ws.send(JSON.stringify({ type: "ping" }));
+    }
+  }, PING_MS);
 
   const FINAL_CLOSE = {
     4403: "live updates stopped: not allowed (log in again as a researcher)",

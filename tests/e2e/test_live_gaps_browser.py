@@ -1,0 +1,130 @@
+"""The run page after two Redis kills (issue 29 item 3): a real worker trains while a redis-server of
+this test's own (broker, channel layer and cache of the worker and the web server) is killed with
+SIGKILL and restarted twice; the page, open in chromium throughout, ends "live" with exactly the points
+the database holds. Before the fix, flushes stored while the recorder paused its broadcasts after the
+failed one never reached a page that had caught up meanwhile, and the page said "live" with the gap.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import AsgiServer, free_port, wait_for_condition
+from tests.helpers import tiny_run_config
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+# --------------------------------------------------------------------------- real Redis kills, browser
+
+
+class RedisServer:
+    """A redis-server process of this test's own on a fixed loopback port: killed with SIGKILL and
+    started again on the same port (a crash and a restart), never the suite's shared Redis."""
+
+    def __init__(self, workdir: Path):
+        self.port = free_port()
+        self.workdir = workdir
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port, socket_connect_timeout=1)
+        wait_for_condition(lambda: client.ping(), timeout=30, what="redis-server up")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
+
+
+@pytest.mark.timeout(900)
+def test_the_run_page_shows_every_point_after_two_redis_kills(
+    own_redis: RedisServer,
+    worker_factory: Any,
+    test_db_name: str,
+    runs_dir: Path,
+    researcher: Any,
+    monkeypatch: Any,
+    login: Any,
+    page: Any,
+) -> None:
+    from engine.client import Client
+    from webapp.api.auth import create_token
+    from webapp.runs.models import MetricPoint, Run
+
+    worker = worker_factory(extra_env={"REDIS_URL": own_redis.url, "GRUE_CHANNEL_PREFIX": "gaps"})
+    monkeypatch.setenv("REDIS_URL", own_redis.url)
+    monkeypatch.setenv("GRUE_CHANNEL_PREFIX", "gaps")
+    server = AsgiServer(test_db_name, runs_dir, queue=worker.queue)
+    try:
+        client = Client(server.url, create_token(researcher, "gaps")[1])
+        cfg = tiny_run_config(60, "redis-kills", save_every=0)
+        run_id = client.create_run(cfg, launch=True)["id"]
+        login(page, server.url, researcher, next_url=f"/runs/{run_id}/")
+
+        def page_points() -> int:
+            return page.evaluate("window.grueRun ? window.grueRun.pointCount() : 0")
+
+        def stored() -> int:
+            return MetricPoint.objects.filter(run_id=run_id).count()
+
+        def live() -> bool:
+            return page.evaluate("document.getElementById('ws-state').textContent") == "live"
+
+        wait_for_condition(
+            lambda: page_points() > 0 and live(), timeout=300, what="the page live with points"
+        )
+        for kill in range(2):
+            before = stored()
+            own_redis.kill()
+            # Down until the worker's recorder has failed a broadcast (it then pauses them for 5 s+).
+            wait_for_condition(
+                lambda kill=kill, before=before: worker.log().count("live update to") > kill
+                and stored() > before,
+                timeout=120, what=f"a failed broadcast after kill {kill + 1}",
+            )  # fmt: skip
+            own_redis.start()
+            wait_for_condition(live, timeout=120, what=f"the page live again after kill {kill + 1}")
+            # The page caught up while the recorder's broadcasts are paused: flushes go on meanwhile.
+            at = stored()
+            wait_for_condition(
+                lambda at=at: stored() > at + 20, timeout=120, what="flushes after the restart"
+            )
+        wait_for_condition(
+            lambda: Run.objects.get(pk=run_id).status in ("succeeded", "failed"),
+            timeout=600,
+            what="run ended",
+        )
+        assert Run.objects.get(pk=run_id).status == "succeeded", worker.log()[-3000:]
+        total = stored()
+        # Live with every stored point: never "live" while points are missing.
+        wait_for_condition(lambda: live() and page_points() >= total, timeout=60, what="the page complete")
+        assert page_points() == total
+    finally:
+        server.stop()
