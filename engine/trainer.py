@@ -30,6 +30,7 @@ from engine.algorithms.ppo import explained_variance, gae, kl_penalty_rewards, m
 from engine.algorithms.sft import build_sft_batch, sft_loss, sft_pairs, sft_schedule
 from engine.config import RunConfig, parse_config
 from engine.data import load_task
+from engine.diskspace import writing
 from engine.evaluation import (
     PolicyContext,
     eval_results,
@@ -404,7 +405,27 @@ class Trainer:
             return final  # rank 0 writes the (identical, or gathered) state of every rank
         tmp = ck_root / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        with writing(final, "the checkpoint", partial=tmp):  # a full disk says so; no partial files
+            tmp.mkdir()
+            self._write_checkpoint(tmp, phase, policy_state, optimizer_state, sft_state)
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        pointer_tmp = ck_root / ".latest.json"
+        pointer_tmp.write_text(json.dumps({"name": name}))
+        os.replace(pointer_tmp, ck_root / "latest.json")
+        kept = sorted(
+            (p for p in ck_root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+            key=lambda p: (p.name.startswith("rl-"), p.name),
+        )
+        for old in kept[: -self.cfg.train.keep_checkpoints]:
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+        self.events.checkpoint(self.iteration if phase == "rl" else self.sft_step, str(final))
+        return final
+
+    def _write_checkpoint(
+        self, tmp: Path, phase: str, policy_state: Any, optimizer_state: Any, sft_state: Any
+    ) -> None:
         state = {
             "phase": phase,
             "iteration": self.iteration,
@@ -425,20 +446,6 @@ class Trainer:
         (tmp / "trainer_state.json").write_text(
             json.dumps({"phase": phase, "iteration": self.iteration, "sft_step": self.sft_step}, indent=2)
         )
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        pointer_tmp = ck_root / ".latest.json"
-        pointer_tmp.write_text(json.dumps({"name": name}))
-        os.replace(pointer_tmp, ck_root / "latest.json")
-        kept = sorted(
-            (p for p in ck_root.iterdir() if p.is_dir() and not p.name.startswith(".")),
-            key=lambda p: (p.name.startswith("rl-"), p.name),
-        )
-        for old in kept[: -self.cfg.train.keep_checkpoints]:
-            if old.name != name:
-                shutil.rmtree(old, ignore_errors=True)
-        self.events.checkpoint(self.iteration if phase == "rl" else self.sft_step, str(final))
-        return final
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         sharded = distributed.is_sharded()
@@ -881,12 +888,13 @@ class Trainer:
             return
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        if self.lora:
-            save_lora_model(self.policy.lm, tmp, self.cfg.model.lora.save)
-        else:
-            self.policy.lm.save_pretrained(str(tmp), **({"state_dict": lm_state} if sharded else {}))
-        self.tokenizer.save_pretrained(str(tmp))
-        save_file({k: v.contiguous() for k, v in head_state.items()}, str(tmp / "value_head.safetensors"))
+        with writing(out, "the model", partial=tmp):
+            if self.lora:
+                save_lora_model(self.policy.lm, tmp, self.cfg.model.lora.save)
+            else:
+                self.policy.lm.save_pretrained(str(tmp), **({"state_dict": lm_state} if sharded else {}))
+            self.tokenizer.save_pretrained(str(tmp))
+            save_file({k: v.contiguous() for k, v in head_state.items()}, str(tmp / "value_head.safetensors"))
         shutil.rmtree(out, ignore_errors=True)
         os.rename(tmp, out)
 
