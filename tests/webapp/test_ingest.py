@@ -188,29 +188,18 @@ def test_series_cache_sees_new_points(run):
 
 
 def test_sink_survives_a_dropped_connection_without_duplicates(transactional_db, caplog):
-    """A real fault: the sink's PostgreSQL backend is terminated between two batches."""
-    import psycopg
-
+    """A real fault: the sink's PostgreSQL backend is terminated between two batches. Only that
+    backend: other clients of the test database (the session's worker, servers) are left alone, and
+    the test's own connection (the suite's credentials, whatever the server) does the terminating."""
     run = Run.objects.create(name="blip", config={})
+    before = _client_backends()  # the recorder thread opens its connection at its first flush
     sink = Recorder(run.pk, broadcast_enabled=False)
     sink.metrics(0, {"a": 0.0, "b": 0.0})
     sink.flush()
-    # The recorder's own backend: the only one with a transaction open on the rollup table since.
-    s = connection.settings_dict
-    with psycopg.connect(
-        host=s["HOST"], port=s["PORT"] or 5432, user=s["USER"], dbname=s["NAME"], autocommit=True
-    ) as admin:
-        pids = [
-            r[0]
-            for r in admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
-                "AND pid <> %s AND backend_type = 'client backend'",
-                [s["NAME"], _backend_pid()],
-            ).fetchall()
-        ]
-        assert pids, "the recorder thread holds a connection"
-        for pid in pids:
-            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+    new = _client_backends() - before
+    assert len(new) == 1, f"the recorder thread holds one new connection, got {new}"
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(%s)", [new.pop()])
     sink.metrics(1, {"a": 1.0, "b": -1.0})  # first try hits the dead connection, the retry stores it
     sink.metrics(1, {"a": 1.0, "b": -1.0})  # a replay of the same batch
     sink.close()
@@ -224,10 +213,14 @@ def test_sink_survives_a_dropped_connection_without_duplicates(transactional_db,
     assert "retrying" in caplog.text  # the fault really happened and was retried
 
 
-def _backend_pid() -> int:
+def _client_backends() -> set[int]:
+    """Client backends of the test database other than this test's own connection."""
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_backend_pid()")
-        return cur.fetchone()[0]
+        cur.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        return {r[0] for r in cur.fetchall()}
 
 
 def test_rollup_from_the_batch_in_hand_equals_the_rollup_computed_by_sql_from_stored_points(run):

@@ -31,27 +31,24 @@ def tiny(n_iters: int) -> dict:
 
 
 @pytest.fixture
-def pg_proxy():
-    from django.db import connection
-
-    s = connection.settings_dict
-    proxy = TcpProxy((s["HOST"] or "127.0.0.1", int(s["PORT"] or 5432)))
+def pg_proxy(pg_tcp):
+    """A proxy in front of the suite's PostgreSQL over TCP (the settings' host, or the embedded
+    server's loopback port): never an assumed 127.0.0.1:5432, which is another server or none."""
+    proxy = TcpProxy((pg_tcp.host, pg_tcp.port))
     yield proxy
     proxy.close()
 
 
-def _worker_through(worker_factory, proxy: TcpProxy, give_up_s: float):
-    from django.db import connection
-
-    s = connection.settings_dict
-    url = f"postgres://{s['USER']}@127.0.0.1:{proxy.port}/{s['NAME']}"
+def _worker_through(worker_factory, proxy: TcpProxy, pg_tcp, test_db_name: str, give_up_s: float):
+    """A worker whose only way to the test database is the proxy, with the suite's credentials."""
+    url = pg_tcp.url(test_db_name, host="127.0.0.1", port=proxy.port)
     return worker_factory(extra_env={"DATABASE_URL": url, "GRUE_RECORDER_GIVE_UP_S": str(give_up_s)})
 
 
 def test_a_database_outage_is_ridden_out_and_every_point_stored_once(
-    worker_factory, pg_proxy, settings, wait_for, researcher
+    worker_factory, pg_proxy, pg_tcp, test_db_name, settings, wait_for, researcher
 ):
-    worker = _worker_through(worker_factory, pg_proxy, give_up_s=600)
+    worker = _worker_through(worker_factory, pg_proxy, pg_tcp, test_db_name, give_up_s=600)
     settings.CELERY_TASK_DEFAULT_QUEUE = worker.queue
     n_iters = 20
     run = lifecycle.launch_run(tiny(n_iters=n_iters), user=researcher)
@@ -94,9 +91,9 @@ def test_a_database_outage_is_ridden_out_and_every_point_stored_once(
 
 
 def test_an_outage_past_the_limit_fails_the_run_with_the_real_cause(
-    worker_factory, pg_proxy, settings, wait_for, researcher
+    worker_factory, pg_proxy, pg_tcp, test_db_name, settings, wait_for, researcher
 ):
-    worker = _worker_through(worker_factory, pg_proxy, give_up_s=3)
+    worker = _worker_through(worker_factory, pg_proxy, pg_tcp, test_db_name, give_up_s=3)
     settings.CELERY_TASK_DEFAULT_QUEUE = worker.queue
     run = lifecycle.launch_run(tiny(n_iters=200), user=researcher)
     wait_for(lambda: MetricPoint.objects.filter(run_id=run.pk).exists(), timeout=300, what="first points")
@@ -112,13 +109,14 @@ def test_an_outage_past_the_limit_fails_the_run_with_the_real_cause(
 
 
 @pytest.fixture
-def hung_redis(settings, monkeypatch):
-    """Channels, the cache-less broadcast path and Celery pointed at a Redis that never answers."""
+def hung_redis(settings, monkeypatch, redis_address):
+    """Channels, the cache-less broadcast path and Celery pointed at a Redis that never answers: a
+    proxy in front of the suite's own Redis (its address and password from REDIS_URL)."""
     from webapp.celery import app
 
-    proxy = TcpProxy(("127.0.0.1", 6379))
+    proxy = TcpProxy((redis_address.host, redis_address.port))
     proxy.hang()
-    url = f"redis://127.0.0.1:{proxy.port}/0"
+    url = redis_address.url(host="127.0.0.1", port=proxy.port)
     layers = dict(settings.CHANNEL_LAYERS)
     cfg = dict(layers["default"]["CONFIG"])
     cfg["hosts"] = [{**cfg["hosts"][0], "address": url}]
