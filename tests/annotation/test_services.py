@@ -5,9 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from annotation import assignment, campaigns, exports, invites, results, uploads
 from annotation.errors import AnnotationError, Rejected, UploadError
@@ -139,8 +142,24 @@ def test_tampered_replayed_and_foreign_submissions_are_rejected():
         assignment.record_judgment(u2, b.token, item_id=other_item.pk, choice="left")
 
 
+def _fair_coin_bounds(n: int, alpha: float = 1e-6) -> tuple[int, int]:
+    """The central range of Binomial(n, 1/2) that a fair coin leaves with probability below ``alpha``
+    (two-sided, exact): outside it the placement is biased, not unlucky."""
+    tail, k = 0.0, -1
+    while tail + math.comb(n, k + 1) / 2**n <= alpha / 2:
+        k += 1
+        tail += math.comb(n, k) / 2**n
+    return k + 1, n - k - 1
+
+
 def test_left_right_randomisation_is_recorded_and_mapped():
-    camp = uploads.create_campaign_from_upload("c", sentiment_upload(40), overlap=1)
+    # 200 items: a fair coin lands in [66, 134] except once in a million runs, while an 85/15 bias
+    # (mean 170) passes with probability 2e-10 and a 70/30 one with 0.2 (with 40 items and 5 < n < 35,
+    # an 85/15 bias passed half the time).
+    n_items = 200
+    lo, hi = _fair_coin_bounds(n_items)
+    assert (lo, hi) == (66, 134)
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(n_items), overlap=1)
     u = make_user("u")
     invites.add_member(camp, u)
     campaigns.start_campaign(camp)
@@ -154,9 +173,30 @@ def test_left_right_randomisation_is_recorded_and_mapped():
         if a.item.system_a == "neg":
             choice = "right" if choice == "left" else "left"
         assignment.record_judgment(u, a.token, item_id=a.item_id, choice=choice)
-    assert 5 < sum(sides) < 35  # both placements occur
+    assert len(sides) == n_items
+    assert lo <= sum(sides) <= hi, sum(sides)  # each placement about half the time
     stored = {(j.item.system_a, j.choice) for j in Judgment.objects.select_related("item")}
     assert all((s == "pos") == (c == "a") for s, c in stored)
+
+
+def test_claimed_seconds_are_clamped_to_the_time_the_item_was_on_screen():
+    """A client claims how long its annotator looked; the server keeps the claim when it is possible and
+    cuts it to the time since the item was served + 1 s when it is not. The item is served 1000 s in the
+    past (served_at moved back), so the bounds below do not depend on how fast the test runs."""
+    camp = uploads.create_campaign_from_upload("c", sentiment_upload(3), overlap=1)
+    u = make_user("u")
+    invites.add_member(camp, u)
+    campaigns.start_campaign(camp)
+    stored = []
+    for claim in (3.0, 100_000.0, None):
+        a = assignment.next_item(camp, u)
+        Assignment.objects.filter(pk=a.pk).update(served_at=timezone.now() - timedelta(seconds=1000))
+        a.refresh_from_db()
+        j = assignment.record_judgment(u, a.token, item_id=a.item_id, choice="left", seconds=claim)
+        stored.append(j.seconds)
+    assert stored[0] == 3.0  # possible: kept as claimed
+    assert 1001.0 <= stored[1] < 100_000.0  # inflated: cut to the time on screen + 1 s
+    assert 1000.0 <= stored[2] < 1001.0 + 3600  # no claim: the time on screen
 
 
 def test_undo_and_skip_keep_counts_consistent():
@@ -251,8 +291,10 @@ def test_results_rank_the_preferred_system_with_agreement_and_metrics():
     assert len(res["agreement"]["cohen"]) == 3
     ann = {a["annotator"]: a for a in res["annotators"]}
     assert ann["u0"]["gold_accuracy"] == 1.0 and ann["u2"]["gold_accuracy"] == 0.0
-    # Claimed seconds are clamped to the wall time the server saw (+1 s), so they cannot be inflated.
-    assert ann["u0"]["count"] == 14 and 0 < ann["u0"]["median_seconds"] <= 2.0
+    # The annotator's median is that of their stored seconds (the clamp itself: the test below).
+    stored = sorted(Judgment.objects.filter(annotator=users[0]).values_list("seconds", flat=True))
+    assert ann["u0"]["count"] == 14 == len(stored)
+    assert ann["u0"]["median_seconds"] == pytest.approx((stored[6] + stored[7]) / 2)
     ma = res["metric_agreement"]
     assert (
         ma["positivity"]["agreement"] == 1.0

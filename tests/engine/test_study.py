@@ -16,14 +16,18 @@ import pytest
 from engine import cli
 from engine.study import (
     BUDGETS,
+    FLUENCY_TOLERANCE,
     PERPLEXITY,
     RESULT_FILE,
     SENTIMENT,
     STUDIES,
     StudyError,
     cell_config,
+    compare,
     export_reference,
+    mean_std,
     read_reference,
+    results_table,
     run_state,
     run_study,
     verdicts,
@@ -194,6 +198,111 @@ def test_verdict_rules_on_seed_bands():
     assert verdicts(_table(flipped))[2]["verdict"] == "not supported at this scale"
     noisy = {**rl_wins, "nlpo": (0.40, 0.62, 0.85)}
     assert verdicts(_table(noisy))[2]["verdict"] == "inconclusive"
+
+
+def _two_cells(mean_a: float, std_a: float, n_a: int, mean_b: float, std_b: float, n_b: int) -> dict:
+    """A table of two cells with the given sentiment summary (what ``compare`` reads)."""
+
+    def entry(mean: float, std: float, n: int) -> dict:
+        return {"metrics": {SENTIMENT: {"mean": mean, "std": std, "n": n}}}
+
+    return {"cells": {"a": entry(mean_a, std_a, n_a), "b": entry(mean_b, std_b, n_b)}}
+
+
+def test_compare_uses_two_welch_standard_errors_of_the_difference():
+    """The noise band is 2 * sqrt(s_a^2 / n_a + s_b^2 / n_b): unequal spreads and seed counts, so the
+    standard deviation in place of the standard error, a pooled or unweighted form, or another multiple
+    all give another number."""
+    table = _two_cells(0.7, 0.06, 3, 0.5, 0.08, 4)
+    res = compare(table, "a", "b", SENTIMENT)
+    two_se = 2 * (0.06**2 / 3 + 0.08**2 / 4) ** 0.5  # = 0.10583...
+    assert res["two_se"] == pytest.approx(two_se, rel=1e-12)
+    assert res["two_se"] == pytest.approx(0.105830052, rel=1e-8)  # by hand: 2 * sqrt(0.0012 + 0.0016)
+    assert res["diff"] == pytest.approx(0.2) and res["outcome"] == "better"
+    # lower is better: the difference changes sign, the band does not
+    low = compare(table, "a", "b", SENTIMENT, higher=False)
+    assert low["diff"] == pytest.approx(-0.2) and low["outcome"] == "worse"
+    assert low["two_se"] == pytest.approx(two_se, rel=1e-12)
+
+
+@pytest.mark.parametrize(("offset", "outcome"), [(1e-6, "better"), (-1e-6, "within noise")])
+def test_compare_decides_exactly_at_two_standard_errors(offset, outcome):
+    """A difference just above 2 SE is decided, just below is not, in both directions; a rule at 1 SE,
+    0.25 SE or 3 SE moves the boundary and fails one side."""
+    std, n = 0.1, 4  # SE of the difference: sqrt(2 * 0.01 / 4) = 0.0707...; 2 SE = 0.1414...
+    two_se = 2 * (2 * std**2 / n) ** 0.5
+    mean_b = 0.5
+    mean_a = mean_b + two_se + offset  # d = 2 SE +- 1e-6, far above the float rounding of the means
+    res = compare(_two_cells(mean_a, std, n, mean_b, std, n), "a", "b", SENTIMENT)
+    assert res["two_se"] == pytest.approx(two_se, rel=1e-12)
+    assert res["outcome"] == outcome, res
+    mirrored = compare(_two_cells(mean_b, std, n, mean_a, std, n), "a", "b", SENTIMENT)
+    assert mirrored["outcome"] == {"better": "worse", "within noise": "within noise"}[outcome], mirrored
+    # half the band is never decided (a rule below 1 SE would), 1.5 bands always are (a rule above 2 SE not)
+    half = compare(_two_cells(mean_b + two_se / 2, std, n, mean_b, std, n), "a", "b", SENTIMENT)
+    assert half["outcome"] == "within noise"
+    wide = compare(_two_cells(mean_b + 1.5 * two_se, std, n, mean_b, std, n), "a", "b", SENTIMENT)
+    assert wide["outcome"] == "better"
+
+
+def test_compare_needs_two_seeds_per_cell_and_both_cells():
+    assert compare(_two_cells(0.9, 0.0, 1, 0.1, 0.0, 5), "a", "b", SENTIMENT)["outcome"] == "too few seeds"
+    assert compare(_two_cells(0.9, 0.01, 2, 0.1, 0.01, 2), "a", "c", SENTIMENT)["outcome"] == "missing"
+
+
+def test_mean_std_is_the_sample_standard_deviation():
+    """n - 1 in the denominator (seeds are a sample): 1, 2, 3, 6 -> mean 3, s = sqrt(14 / 3)."""
+    m, s = mean_std([1.0, 2.0, 3.0, 6.0])
+    assert m == 3.0 and s == pytest.approx((14 / 3) ** 0.5, rel=1e-12)
+    assert mean_std([2.0]) == (2.0, None)
+    assert mean_std([]) == (None, None)
+    assert mean_std([1.0, float("nan"), 3.0]) == (2.0, pytest.approx(2**0.5))
+
+
+def _study(per_cell: dict[str, list[tuple[float, float]]]) -> dict:
+    """A finished study as ``load_study`` returns it: per cell, (sentiment, perplexity) per seed."""
+    runs = [
+        {
+            "key": f"{cell}-seed{seed}",
+            "cell": cell,
+            "seed": seed,
+            "result": {"test": {"metrics": {SENTIMENT: sent, PERPLEXITY: ppl}}},
+        }
+        for cell, values in per_cell.items()
+        for seed, (sent, ppl) in enumerate(values)
+    ]
+    return {"meta": {"study": "grue-imdb", "budget": "small", "cells": list(CELLS)}, "runs": runs}
+
+
+def test_a_two_seed_study_yields_decided_verdicts_through_the_results_table():
+    """From per-seed test results to verdicts with the minimum of two seeds per cell: the table's mean,
+    sample std and n feed the rule, and clear differences decide all three claims (one each way)."""
+    per_cell = {
+        "zero_shot": [(0.40, 30.0), (0.42, 30.4)],
+        "supervised": [(0.50, 31.0), (0.52, 31.0)],
+        "ppo": [(0.70, 31.0), (0.72, 31.2)],
+        "nlpo": [(0.60, 31.0), (0.62, 31.0)],  # below PPO beyond the noise: claim 3 not supported
+        "supervised_ppo": [(0.80, 31.0), (0.81, 31.0)],
+        "supervised_nlpo": [(0.84, 31.0), (0.85, 31.0)],
+    }
+    table = results_table(_study(per_cell))
+    ppo = table["cells"]["ppo"]["metrics"][SENTIMENT]
+    assert (
+        ppo["n"] == 2 and ppo["mean"] == pytest.approx(0.71) and ppo["std"] == pytest.approx(0.02**0.5 / 10)
+    )
+    assert ppo["seeds"] == {"0": 0.70, "1": 0.72}
+    claims = verdicts(table)
+    assert [c["verdict"] for c in claims] == ["supported", "supported", "not supported at this scale"]
+    c1 = {c["a"]: c for c in claims[0]["comparisons"]}
+    # PPO vs Supervised: d = 0.2, SE = sqrt(2 * 0.0002 / 2) = 0.01414..., 2 SE = 0.0283
+    assert c1["ppo"]["diff"] == pytest.approx(0.2) and c1["ppo"]["two_se"] == pytest.approx(
+        0.0282843, rel=1e-5
+    )
+    fluency = [c for c in claims[1]["comparisons"] if "rise" in c]
+    assert fluency[0]["rise"] == pytest.approx(31.1 / 30.2 - 1) and fluency[0]["rise"] <= FLUENCY_TOLERANCE
+    # The same table with NLPO's seeds far apart: its comparison is within noise, claim 3 undecided.
+    per_cell["nlpo"] = [(0.30, 31.0), (1.00, 31.0)]
+    assert verdicts(results_table(_study(per_cell)))[2]["verdict"] == "inconclusive"
 
 
 def test_small_budget_configs_are_valid_and_share_the_evaluation():
