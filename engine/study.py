@@ -29,6 +29,7 @@ import json
 import math
 import multiprocessing
 import os
+import platform
 import shutil
 import sys
 import time
@@ -42,6 +43,7 @@ import engine
 from engine.assets import MissingAssetError, smollm2_gguf_path
 from engine.config import parse_config
 from engine.events import NullSink
+from engine.models.loading import cpu_has_fast_bf16
 from engine.presets import ALGORITHM_LABELS, ALGORITHMS, deep_merge, load_preset
 
 STUDY_FILE = "study.json"
@@ -392,19 +394,13 @@ def cpu_model() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 
 def machine_record(cfg: dict[str, Any]) -> dict[str, Any]:
     """Where and how a run was made: runs of one study made on different machines are compared, so each
     result says its CPU, whether bf16 is native there, the precision it ran in, threads and versions."""
-    import platform
-
-    import torch
-
-    from engine.models.loading import cpu_has_fast_bf16
+    import torch  # the run that calls this has loaded torch already
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {

@@ -233,8 +233,6 @@ class PPO(Algorithm):
             del full
         old_lp = batch.logprobs[idx][:, tsl]
         adv = advantages[idx][:, tsl]
-        if self.whitens_per_minibatch:
-            adv = normalize_minibatch(adv, mask)
         pg_loss, pg_stats = clipped_policy_loss(new_lp, old_lp, adv, mask, cfg.clip_range)
         v_loss, vclip = clipped_value_loss(
             values.float(), batch.values[idx][:, tsl], returns[idx][:, tsl], mask, cfg.clip_range_value
@@ -284,10 +282,17 @@ class PPO(Algorithm):
             for group in groups:
                 optimizer.zero_grad(set_to_none=True)
                 stop = False
+                step_adv = advantages
+                if self.whitens_per_minibatch:
+                    # SB3 normalises the advantages of each optimizer step's minibatch; with gradient
+                    # accumulation that is the union of the accumulated minibatches.
+                    rows = torch.cat(group).to(advantages.device)
+                    step_adv = advantages.clone()
+                    step_adv[rows] = normalize_minibatch(advantages[rows], batch.gen_mask[rows])
                 for idx in group:
                     idx = idx.to(batch.gen_ids.device)
                     loss, stats = self.minibatch_loss(
-                        policy, batch, idx, advantages, returns, temperature, autocast_dtype
+                        policy, batch, idx, step_adv, returns, temperature, autocast_dtype
                     )
                     # As SB3: the minibatch that triggers the early stop counts in the statistics
                     # (its approx_kl is the reason for stopping), but it is not applied.
