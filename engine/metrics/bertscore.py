@@ -9,7 +9,8 @@ L2-normalised. With cosine matrix S (candidate tokens x reference tokens):
 w = 1, or the IDF of the token over the references when ``idf=True``
 (``log((M + 1) / (df + 1))`` with M references, as in the paper's code). Special tokens ([CLS],
 [SEP]) weigh 0 but can be matched (``special_tokens="match"``, what the ``bert_score`` package does;
-``"drop"`` removes them). With several references the one with the best F counts. No baseline
+``"drop"`` removes them). With several references P, R and F are each the best over the references,
+as the ``bert_score`` package reports them (tests/engine/test_metric_parity.py). No baseline
 rescaling (that needs per-model baseline files that ship with the bert_score package).
 """
 
@@ -159,13 +160,14 @@ class BertScore(Metric):
         ps, rs, fs = [], [], []
         k = 0
         for (g_vec, g_ids), refs in zip(gen_embs, references):
+            # Several references: the best P, R and F, each over the references (the bert_score
+            # package's rule; P and R may come from different references than F).
             best = (0.0, 0.0, -math.inf)
             for _ in refs:
                 r_vec, r_ids = ref_embs[k]
                 k += 1
                 prf = greedy_match(g_vec, r_vec, weights(g_ids), weights(r_ids))
-                if prf[2] > best[2]:
-                    best = prf
+                best = (max(best[0], prf[0]), max(best[1], prf[1]), max(best[2], prf[2]))
             ps.append(best[0])
             rs.append(best[1])
             fs.append(best[2] if refs else 0.0)
