@@ -172,3 +172,51 @@ def test_quick_start_preset_through_the_cli(tmp_path):
     assert saved["split"] == "test" and saved["n_samples"] == 4 == len(saved["samples"])
     assert {"reward_mean", "diversity_metrics/distinct-1"} <= set(saved["metrics"])
     assert saved["model"].endswith("model")
+
+
+# Known values on each task's shipped fixture, without a model: the first reference of every test sample
+# scored as the generation must get each reference-based metric's best value, and an empty generation its
+# worst. (The end-to-end run above can only check ranges: what a random tiny model writes is noise.)
+BEST_AND_WORST = {
+    # key: (corpus value when generating a reference, corpus value when generating nothing)
+    "lexical/bleu": (1.0, 0.0),
+    "lexical/rouge_rouge1": (1.0, 0.0),
+    "lexical/rouge_rougeL": (1.0, 0.0),
+    "lexical/rouge_l_max": (1.0, 0.0),
+    "lexical/sacrebleu": (1.0, 0.0),
+    "lexical/chrf": (1.0, 0.0),
+    "lexical/ter": (0.0, 1.0),
+    "semantic/bert_score": (1.0, 0.0),
+}
+
+
+@pytest.mark.parametrize("task", [t for t in TASKS if t != "imdb"])  # IMDB's metrics read no references
+def test_fixture_references_score_best_and_empty_generations_worst(task):
+    from engine.data import load_task
+    from engine.metrics import build_metrics, compute_all
+
+    cfg = parse_config(tiny(task, Path("/nonexistent")))
+    samples = load_task(cfg.task, "test")[:4]
+    assert len(samples) == 4 and all(s.references for s in samples)
+    model_free = [
+        m for m in cfg.eval.metrics if m.id not in ("perplexity", "generation_perplexity", "intent_accuracy")
+    ]
+    built = build_metrics(model_free)
+    prompts = [s.prompt for s in samples]
+    refs = [s.references for s in samples]
+    meta = [s.meta for s in samples]
+    best, _ = compute_all(built, prompts, [r[0] for r in refs], refs, meta)
+    worst, _ = compute_all(built, prompts, [""] * 4, refs, meta)
+    checked = [k for k in BEST_AND_WORST if k in best]
+    assert checked, sorted(best)
+    for key in checked:
+        hi, lo = BEST_AND_WORST[key]
+        assert best[key] == pytest.approx(hi, abs=1e-4), (key, best[key])
+        assert worst[key] == pytest.approx(lo, abs=1e-4), (key, worst[key])
+    if "lexical/meteor" in best:  # 1 - 0.5 (chunks / matches)^3 for an exact match: one chunk
+        assert 0.99 < best["lexical/meteor"] < 1.0 and worst["lexical/meteor"] == 0.0
+    if "table_to_text/parent_overall_f_score" in best:  # ToTTo: F against several references and the table
+        assert (
+            best["table_to_text/parent_overall_f_score"] > 0.5
+            and worst["table_to_text/parent_overall_f_score"] == 0.0
+        )

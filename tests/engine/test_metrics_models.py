@@ -164,7 +164,49 @@ def test_perplexity_conditioning_and_empty_generation():
     assert a[0][1] == pytest.approx(math.exp(-logp), rel=1e-4)
 
 
-def test_every_metric_gives_finite_per_sample_and_corpus_values_and_serves_as_reward():
+# Every metric on two samples: an empty generation and one equal to its reference. Values derived by hand
+# where the definition gives them directly (an exact match scores the maximum, an empty generation the
+# minimum), the rest recorded on 2026-12-01 from this code (fp32, CPU; the model-based ones from the
+# builtin tiny GPT-2 and the shipped MiniLM) and cross-checked against the reference libraries or by hand
+# in test_metric_parity.py / test_metrics_textbook.py. (empty, exact match, corpus) per key:
+EVERY_METRIC = {
+    # 6 tokens "it is on the table ." all distinct; the empty generation has none
+    "diversity_metrics/distinct-1": (0.0, 1.0, 1.0),
+    "diversity_metrics/distinct-2": (0.0, 1.0, 1.0),
+    "diversity_metrics/entropy-1": (0.0, math.log2(6), math.log2(6)),
+    "diversity_metrics/mean_pred_length": (0.0, 6.0, 3.0),
+    "diversity_metrics/msttr-100": (0.0, 1.0, 1.0),  # fewer than 100 tokens: the TTR, 6 / 6
+    "diversity_metrics/vocab_size-1": (0.0, 6.0, 6.0),
+    "fluency_metrics/generation_perplexity": (25886.579566816257, 47897.81229978043, 43867.0460912864),
+    "intent/accuracy": (0.0, 1.0, 0.5),
+    "lexical/bleu": (0.0, 1.0, 0.513417119032592),
+    "lexical/chrf": (0.0, 1.0, 0.5555555555555556),
+    # exact match: cosine 1 at every order (the shared "it is" has IDF 0, the rest do not), x 10
+    "lexical/cider": (0.0, 10.0, 5.0),
+    # exact match: one chunk of 6 matches, penalty 0.5 * (1/6)^3
+    "lexical/meteor": (0.0, 1.0 - 0.5 / 6**3, (1.0 - 0.5 / 6**3) / 2),
+    "lexical/rouge_l_max": (0.0, 1.0, 0.5),
+    "lexical/rouge_rouge1": (0.0, 1.0, 0.5),
+    "lexical/rouge_rouge2": (0.0, 1.0, 0.5),
+    "lexical/rouge_rougeL": (0.0, 1.0, 0.5),
+    "lexical/rouge_rougeLsum": (0.0, 1.0, 0.5),
+    "lexical/sacrebleu": (0.0, 1.0, 0.31140322391459785),
+    # edits / reference words: 4 insertions for "It is there .<EOU>", none for the match; corpus 4 / 10
+    "lexical/ter": (1.0, 0.0, 0.4),
+    "math/accuracy": (0.0, 0.0, 0.0),  # gold 42, no number generated
+    "math/format": (0.0, 0.0, 0.0),
+    "semantic/bert_score": (0.0, 1.0, 0.5),  # identical texts: identical embeddings
+    "semantic/bert_score_precision": (0.0, 1.0, 0.5),
+    "semantic/bert_score_recall": (0.21317462623119354, 1.0, 0.6065873131155968),
+    "semantic/sentiment_vader": (0.5, 0.5, 0.5),  # neutral: compound 0 -> (0 + 1) / 2
+    "table_to_text/parent_overall_f_score": (0.0, 0.18595139444249914, 0.09297569722124957),
+    "table_to_text/parent_overall_precision": (0.0, 1.0, 0.5),
+    "table_to_text/parent_overall_recall": (9.999999999999997e-06, 0.10250629213149762, 0.05125814606574881),
+}
+MODEL_BASED = ("fluency_metrics/", "semantic/bert_score", "intent/")
+
+
+def test_every_metric_gives_its_known_values_and_serves_as_reward():
     import json as _json
 
     from engine.metrics import build_metrics, compute_all
@@ -183,15 +225,11 @@ def test_every_metric_gives_finite_per_sample_and_corpus_values_and_serves_as_re
         if i not in ("bert_score", "sacre_bleu", "causal_perplexity", "perplexity", "parent_totto")
     ]
     corpus, per = compute_all(build_metrics([{"id": i} for i in ids]), prompts, gens, refs, meta)
-    assert {k.split("/")[0] for k in corpus} >= {
-        "lexical",
-        "semantic",
-        "diversity_metrics",
-        "fluency_metrics",
-    }
-    for key, value in corpus.items():
-        assert math.isfinite(value), key
-        assert len(per[key]) == 2 and all(math.isfinite(v) for v in per[key]), key
+    assert set(corpus) == set(EVERY_METRIC), sorted(set(corpus) ^ set(EVERY_METRIC))
+    for key, (empty, match, whole) in EVERY_METRIC.items():
+        tol = {"rel": 1e-4, "abs": 1e-5} if key.startswith(MODEL_BASED) else {"rel": 1e-9, "abs": 1e-12}
+        assert per[key] == pytest.approx([empty, match], **tol), key
+        assert corpus[key] == pytest.approx(whole, **tol), key
     reward = rewards.build("metric", metric_id="cider")
     assert reward(prompts, gens, refs, meta) == pytest.approx(per["lexical/cider"])
 
