@@ -8,21 +8,47 @@ from __future__ import annotations
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
+from annotation import campaigns as campaign_service
 from annotation import exports
-from annotation.models import Campaign
-from webapp.api.auth import ApiError, api_view
+from annotation.errors import AnnotationError
+from annotation.models import AssignmentMode, Campaign
+from webapp.api.auth import ApiError, api_view, json_body
 from webapp.api.extensions import ApiRoutes
 from webapp.api.openapi import ERRORS, id_param, json_response, query_param, ref
 
 
+def _campaign_json(c: Campaign) -> dict:
+    return {"id": c.pk, "name": c.name, "kind": c.kind, "status": c.status, "systems": c.systems,
+            "system_labels": c.system_labels, "assignment_mode": c.assignment_mode,
+            "created": c.created.isoformat()}  # fmt: skip
+
+
 @api_view(methods=("GET",))
 def campaigns(request: HttpRequest) -> JsonResponse:
-    rows = [
-        {"id": c.pk, "name": c.name, "kind": c.kind, "status": c.status, "systems": c.systems,
-         "system_labels": c.system_labels, "created": c.created.isoformat()}
-        for c in Campaign.objects.order_by("-id")
-    ]  # fmt: skip
-    return JsonResponse({"campaigns": rows})
+    return JsonResponse({"campaigns": [_campaign_json(c) for c in Campaign.objects.order_by("-id")]})
+
+
+@api_view(methods=("GET", "POST"), write=False)
+def campaign_detail(request: HttpRequest, campaign_id: int) -> JsonResponse:
+    """GET one campaign; POST ``{"assignment_mode": "uniform" | "adaptive"}`` changes how its items
+    are chosen (allowed at any time: the choice depends only on earlier judgments)."""
+    camp = Campaign.objects.filter(pk=campaign_id).first()
+    if camp is None:
+        raise ApiError(404, f"no campaign #{campaign_id}", "campaign_id")
+    if request.method == "POST":
+        data = json_body(request)
+        unknown = sorted(set(data) - {"assignment_mode"})
+        if unknown:
+            raise ApiError(400, "only assignment_mode can be changed here", str(unknown[0])[:50])
+        if not isinstance(data.get("assignment_mode"), str) or not data["assignment_mode"]:
+            raise ApiError(400, "required: uniform or adaptive", "assignment_mode")
+        try:
+            campaign_service.update_settings(
+                camp, assignment_mode=str(data.get("assignment_mode") or "")[:50]
+            )
+        except AnnotationError as exc:
+            raise ApiError(400, str(exc), "assignment_mode") from None
+    return JsonResponse(_campaign_json(camp))
 
 
 @api_view(methods=("GET",))
@@ -42,11 +68,24 @@ def routes() -> ApiRoutes:
     return ApiRoutes(
         patterns=[
             path("api/v1/campaigns", campaigns, name="api_campaigns"),
+            path("api/v1/campaigns/<int:campaign_id>", campaign_detail, name="api_campaign_detail"),
             path("api/v1/campaigns/<int:campaign_id>/pairs", campaign_pairs, name="api_campaign_pairs"),
         ],
         paths={
             "/campaigns": {
                 "get": {"summary": "annotation campaigns", "responses": {"200": json_response({"type": "object"}), **ERRORS}},
+            },
+            "/campaigns/{campaign_id}": {
+                "get": {"summary": "one campaign", "parameters": [id_param("campaign_id")],
+                        "responses": {"200": json_response({"type": "object"}), **ERRORS}},
+                "post": {
+                    "summary": "change how the campaign's items are chosen (uniform or adaptive, pairwise only)",
+                    "parameters": [id_param("campaign_id")],
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                        "type": "object", "required": ["assignment_mode"],
+                        "properties": {"assignment_mode": {"type": "string", "enum": list(AssignmentMode.values)}}}}}},
+                    "responses": {"200": json_response({"type": "object"}), **ERRORS},
+                },
             },
             "/campaigns/{campaign_id}/pairs": {
                 "get": {

@@ -7,6 +7,13 @@ take different rows instead of queueing on one), guarded by ``slots_taken < over
 unique (item, annotator) constraint. A judgment is accepted only with the token of an open
 assignment that belongs to the submitting user, so replays and tampered posts are refused.
 
+In an adaptive campaign (``Campaign.assignment_mode``) the same query orders the eligible rows by
+how informative their pair of systems is (``annotation.active.pair_scores`` on one aggregate query of
+the human judgments) instead of least-judged first; everything else — the lock, the guarded slot
+update, the eligibility rules, the random sides — is the same code path. With probability
+``ANNOTATION_ADAPTIVE_EXPLORE`` (default 0.1) a request follows the uniform order, so every pair
+keeps being sampled and gold items keep being served.
+
 A skipped item gives its slot back at once (someone else may take it) and comes back to the same
 annotator once, at the end of their queue, if it still has a free slot then; skipping it a second
 time is final for that annotator. So a skip never silently shrinks the campaign.
@@ -18,14 +25,17 @@ import random
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Case, Count, Exists, F, IntegerField, OuterRef, Q, Value, When
 from django.utils import timezone
 
+from annotation import active
 from annotation.errors import AnnotationError, Rejected
 from annotation.invites import is_member
 from annotation.models import (
     Assignment,
+    AssignmentMode,
     AssignmentStatus,
     Campaign,
     CampaignKind,
@@ -39,6 +49,37 @@ from annotation.models import (
 ASSIGNMENT_LEASE = timedelta(hours=2)
 # How many times a skipped item is offered again to the annotator who skipped it.
 SKIP_COMEBACKS = 1
+# Adaptive campaigns rank at most this many pairs in the item query (k = 50 systems has 1,225);
+# items of pairs beyond it come after them, least-judged first.
+ADAPTIVE_PAIRS_RANKED = 300
+
+
+def adaptive_explore() -> float:
+    """Share of an adaptive campaign's requests that follow the uniform order (exploration floor)."""
+    return float(getattr(settings, "ANNOTATION_ADAPTIVE_EXPLORE", active.DEFAULT_EXPLORE))
+
+
+def pair_ranking(camp: Campaign) -> list[tuple[str, str]]:
+    """The campaign's pairs of systems, most informative first, from one aggregate query of its
+    human judgments (gold items left out, as in the ranking). AI judges' verdicts are not counted:
+    they judge every item anyway, and the humans' choice of work must not depend on them."""
+    rows = (
+        Judgment.objects.filter(campaign=camp, item__gold="")
+        .exclude(item__system_b="")
+        .order_by()
+        .values_list("item__system_a", "item__system_b", "choice")
+        .annotate(n=Count("id"))
+    )
+    wins = active.win_matrix(rows, camp.systems)
+    return active.pair_order(active.pair_scores(wins), camp.systems, limit=ADAPTIVE_PAIRS_RANKED)
+
+
+def _pair_rank_expression(pairs: list[tuple[str, str]]) -> Case:
+    """SQL ``CASE`` giving each item the rank of its pair (either stored order of the two systems)."""
+    whens = []
+    for rank, (a, b) in enumerate(pairs):
+        whens.append(When(Q(system_a=a, system_b=b) | Q(system_a=b, system_b=a), then=Value(rank)))
+    return Case(*whens, default=Value(len(pairs)), output_field=IntegerField())
 
 
 def _reclaim_expired(camp: Campaign) -> int:
@@ -68,7 +109,8 @@ def _check_can_annotate(camp: Campaign, user: Any) -> None:
 
 
 def next_item(camp: Campaign, user: Any, seed: int | None = None) -> Assignment | None:
-    """The user's open assignment, or a newly reserved slot on the least-judged eligible item.
+    """The user's open assignment, or a newly reserved slot on the least-judged eligible item
+    (adaptive campaigns: on an eligible item of the most informative pair, see the module docstring).
 
     Eligible: in this campaign, fewer than ``overlap`` slots taken, never assigned to this user.
     When none is left, an item this user skipped comes back (see the module docstring).
@@ -87,6 +129,14 @@ def next_item(camp: Campaign, user: Any, seed: int | None = None) -> Assignment 
     seen = Assignment.objects.filter(campaign=camp, annotator=user).values("item_id")
     eligible = Item.objects.filter(campaign=camp, slots_taken__lt=camp.overlap).exclude(pk__in=seen)
     rng = random.Random(seed) if seed is not None else random.SystemRandom()
+    ordering: tuple[str, ...] = ("slots_taken", "order", "id")
+    if (
+        camp.assignment_mode == AssignmentMode.ADAPTIVE
+        and camp.kind == CampaignKind.PAIRWISE
+        and rng.random() >= adaptive_explore()
+    ):
+        eligible = eligible.annotate(pair_rank=_pair_rank_expression(pair_ranking(camp)))
+        ordering = ("pair_rank", *ordering)
     reclaimed = False
     for attempt in range(6):
         # First passes skip rows other annotators hold; if everything eligible is locked at
@@ -97,11 +147,7 @@ def next_item(camp: Campaign, user: Any, seed: int | None = None) -> Assignment 
         try:
             with transaction.atomic():
                 _soft_commit()
-                item = (
-                    eligible.select_for_update(skip_locked=skip)
-                    .order_by("slots_taken", "order", "id")
-                    .first()
-                )
+                item = eligible.select_for_update(skip_locked=skip).order_by(*ordering).first()
                 if item is None:
                     if eligible.exists():
                         continue

@@ -23,6 +23,7 @@ from django.utils import timezone
 from annotation.errors import AnnotationError
 from annotation.models import (
     DEFAULT_AXES,
+    AssignmentMode,
     Campaign,
     CampaignKind,
     CampaignStatus,
@@ -113,12 +114,41 @@ def items_per_prompt(kind: str, n_systems: int, pairing: str) -> int:
     return n_systems * (n_systems - 1) // 2
 
 
+def clean_assignment_mode(mode: Any, kind: str) -> str:
+    """``uniform`` or ``adaptive``; adaptive needs pairs of systems, so Likert campaigns refuse it."""
+    mode = str(mode or AssignmentMode.UNIFORM)
+    if mode not in AssignmentMode.values:
+        raise AnnotationError(
+            f"assignment must be one of {', '.join(AssignmentMode.values)}, not {mode[:30]!r}"
+        )
+    if mode == AssignmentMode.ADAPTIVE and kind != CampaignKind.PAIRWISE:
+        raise AnnotationError("adaptive assignment chooses pairs of systems: it needs a pairwise campaign")
+    return mode
+
+
+def assignment_description(camp: Campaign, explore: float) -> str:
+    """How the items were chosen, in the researcher's words (results page, results JSON)."""
+    if camp.kind != CampaignKind.PAIRWISE or camp.assignment_mode != AssignmentMode.ADAPTIVE:
+        return (
+            f"Items were chosen uniformly: least-judged first, each up to {camp.overlap} judgments "
+            "from different annotators."
+        )
+    return (
+        "Items were chosen adaptively: each annotator got an item of the pair of systems whose "
+        "comparison most reduced the uncertainty of the Bradley–Terry scores given the judgments so far "
+        f"(up to {camp.overlap} judgments per item), and {explore:.0%} of requests followed the uniform "
+        "order so every pair kept being compared. The choice depended only on earlier judgments, so the "
+        "Bradley–Terry fit and its intervals stay valid; pairs were judged unequally often by design."
+    )
+
+
 def new_campaign(name: str, kind: str, user: Any, **kw: Any) -> Campaign:
     if kind not in CampaignKind.values:
         raise AnnotationError(f"kind must be one of {CampaignKind.values}")
     overlap = int(kw.get("overlap") or 3)
     if overlap < 1:
         raise AnnotationError("overlap must be at least 1")
+    mode = clean_assignment_mode(kw.get("assignment_mode"), kind)
     return Campaign.objects.create(
         name=(name or "").strip()[:200] or "campaign",
         kind=kind,
@@ -128,6 +158,7 @@ def new_campaign(name: str, kind: str, user: Any, **kw: Any) -> Campaign:
         overlap=overlap,
         pairing=kw.get("pairing") or Pairing.ALL_PAIRS,
         baseline_system=kw.get("baseline_system") or "",
+        assignment_mode=mode,
         source=kw.get("source", "runs"),
         build_report=kw.get("build_report") or {},
         created_by=user if getattr(user, "is_authenticated", False) else None,
@@ -275,6 +306,7 @@ def create_campaign_from_runs(
     instructions: str = "",
     axes: Any = None,
     seed: int = 0,
+    assignment_mode: str = AssignmentMode.UNIFORM,
 ) -> Campaign:
     """Items from the generations of the runs on the same inputs (see :func:`match_samples`)."""
     run_ids = list(dict.fromkeys(int(r) for r in run_ids))
@@ -318,6 +350,7 @@ def create_campaign_from_runs(
     camp = new_campaign(
         name, kind, user, overlap=overlap, pairing=pairing, baseline_system=baseline,
         instructions=instructions, axes=axes, source="runs", build_report=report,
+        assignment_mode=assignment_mode,
     )  # fmt: skip
     camp.systems, camp.system_labels = systems, labels
     camp.save(update_fields=["systems", "system_labels"])
@@ -389,7 +422,11 @@ def close_campaign(camp: Campaign) -> Campaign:
 
 
 def update_settings(camp: Campaign, **kw: Any) -> Campaign:
-    """Overlap may change while active only upwards (lowering it could strand judged slots)."""
+    """Overlap may change while active only upwards (lowering it could strand judged slots). The
+    assignment mode may change at any time: the choice of pairs depends only on past judgments, so
+    the ranking stays valid across a switch (docs/annotation.md, "Adaptive assignment")."""
+    if kw.get("assignment_mode"):
+        camp.assignment_mode = clean_assignment_mode(kw["assignment_mode"], camp.kind)
     if "overlap" in kw and kw["overlap"] is not None:
         ov = int(kw["overlap"])
         if ov < 1:

@@ -25,6 +25,13 @@ class Pairing(models.TextChoices):
     VS_BASELINE = "vs_baseline", "every system against a baseline"
 
 
+class AssignmentMode(models.TextChoices):
+    """How ``assignment.next_item`` chooses among the items an annotator may still see."""
+
+    UNIFORM = "uniform", "uniform: least-judged item first"
+    ADAPTIVE = "adaptive", "adaptive: the most informative pair of systems first"
+
+
 class CampaignStatus(models.TextChoices):
     DRAFT = "draft", "draft"
     ACTIVE = "active", "active"
@@ -97,6 +104,11 @@ class Campaign(models.Model):
     overlap = models.PositiveIntegerField(default=3)
     pairing = models.CharField(max_length=16, choices=Pairing.choices, default=Pairing.ALL_PAIRS)
     baseline_system = models.CharField(max_length=200, blank=True)
+    # Pairwise only: uniform (every item gets its overlap, least judged first) or adaptive
+    # (annotation/active.py chooses the pair; docs/annotation.md "Adaptive assignment").
+    assignment_mode = models.CharField(
+        max_length=16, choices=AssignmentMode.choices, default=AssignmentMode.UNIFORM
+    )
     status = models.CharField(max_length=16, choices=CampaignStatus.choices, default=CampaignStatus.DRAFT)
     source = models.CharField(max_length=16, default="runs")  # "runs" | "upload"
     # System ids ("run:12" for runs, the uploaded id otherwise) and their researcher-facing labels.

@@ -16,7 +16,8 @@ from typing import Any
 from django.conf import settings
 
 from annotation import ai_judges, stats
-from annotation.campaigns import run_system
+from annotation.assignment import adaptive_explore
+from annotation.campaigns import assignment_description, run_system
 from annotation.models import Campaign, CampaignKind, CampaignStatus, Choice, Judgment
 
 RANK_BOOTSTRAP = 1000
@@ -110,6 +111,10 @@ def campaign_results(camp: Campaign, source: str = "human") -> dict[str, Any]:
         "n_items_complete": camp.items.filter(gold="", judgment_count__gte=camp.overlap).count(),
         "systems": camp.systems,
         "labels": {s: camp.label(s) for s in camp.systems},
+        "assignment": {
+            "mode": camp.assignment_mode,
+            "description": assignment_description(camp, adaptive_explore()),
+        },
     }
     ann_names = {r["annotator_id"]: r["annotator__username"] for r in rows}
     if camp.kind == CampaignKind.PAIRWISE:

@@ -242,6 +242,7 @@ def create_campaign_from_upload(
     instructions: str = "",
     axes: Any = None,
     seed: int = 0,
+    assignment_mode: str = "uniform",
 ) -> Campaign:
     """JSONL lines ``{"prompt", "outputs": {system: text}, "references"?, "metrics"?, "gold"?, "id"?}``.
 
@@ -260,7 +261,7 @@ def create_campaign_from_upload(
     camp = new_campaign(
         name, kind, user, overlap=overlap, pairing=pairing, baseline_system=baseline_system,
         instructions=instructions, axes=axes, source="upload",
-        build_report={"lines": len(rows), "systems": len(systems)},
+        build_report={"lines": len(rows), "systems": len(systems)}, assignment_mode=assignment_mode,
     )  # fmt: skip
     camp.systems, camp.system_labels = systems, {s: s for s in systems}
     camp.save(update_fields=["systems", "system_labels"])

@@ -239,6 +239,7 @@ def _settings_from_post(post: Any) -> dict[str, Any]:
         "kind": kind,
         "overlap": _int(post.get("overlap"), 3),
         "pairing": post.get("pairing", Pairing.ALL_PAIRS),
+        "assignment_mode": post.get("assignment_mode", "uniform"),
         "instructions": post.get("instructions", ""),
     }
     if kind == CampaignKind.LIKERT:
@@ -384,6 +385,7 @@ def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
                     "name": request.POST.get("name"),
                     "instructions": request.POST.get("instructions"),
                     "overlap": _int(request.POST.get("overlap")),
+                    "assignment_mode": request.POST.get("assignment_mode"),
                 }
                 if camp.kind == CampaignKind.LIKERT and request.POST.get("axes", "").strip():
                     kw["axes"] = campaigns.parse_axes_text(request.POST["axes"])
