@@ -47,20 +47,24 @@ def auto_resume_lost_runs(limit: int | None = None) -> list[int]:
                 run = Run.objects.select_for_update().get(pk=run_id)
                 if run.status != RunStatus.LOST or run.auto_resumes >= limit:
                     continue
-                run.auto_resumes += 1
-                run.save(update_fields=["auto_resumes"])
+                # A run interrupted by a shutdown (webapp/runs/tasks.py) did not crash: its resume
+                # does not count against the limit of automatic resumes after a worker died.
+                interrupted = (run.error or "").startswith(lifecycle.INTERRUPTED_PREFIX)
+                if not interrupted:
+                    run.auto_resumes += 1
+                    run.save(update_fields=["auto_resumes"])
                 attempt = run.auto_resumes
                 lifecycle.resume_run(run)
         except ServiceError as exc:  # e.g. broker down: stays lost, tried again next sweep
             log.warning("automatic resume of run %s failed: %s", run_id, exc)
             continue
         try:
-            services.add_log_lines(
-                run_id,
-                [
-                    f"worker lost; resumed automatically from the last checkpoint (attempt {attempt} of {limit})"
-                ],
+            line = (
+                "interrupted by a shutdown; resumed automatically from its checkpoint"
+                if interrupted
+                else f"worker lost; resumed automatically from the last checkpoint (attempt {attempt} of {limit})"
             )
+            services.add_log_lines(run_id, [line])
         except Exception:  # noqa: BLE001 - the log line is a courtesy
             log.warning("could not log the automatic resume of run %s", run_id, exc_info=True)
         resumed.append(run_id)

@@ -425,6 +425,19 @@ def mark_lost_runs(
     return ids
 
 
+INTERRUPTED_PREFIX = "Interrupted at iteration"
+
+
+def interrupted_reason(summary: Mapping[str, Any]) -> str:
+    """Why a run a worker stopped at its shutdown is ``lost``: the status and the log tail say it was
+    interrupted (not crashed), with a checkpoint, and will resume; ``webapp.watchdog`` reads the prefix."""
+    return (
+        f"{INTERRUPTED_PREFIX} {summary.get('iterations', '?')}: the worker was stopped (GRUE Studio shut "
+        "down). A checkpoint was saved there; the run resumes from it automatically when a worker is back "
+        "(or press Resume)."
+    )
+
+
 def mark_lost(run_id: int, reason: str = "") -> bool:
     """running → lost (False when the run is no longer running)."""
     with transaction.atomic():

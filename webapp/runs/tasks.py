@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from celery import shared_task
-from celery.signals import celeryd_after_setup, worker_ready
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
@@ -39,19 +39,30 @@ def execute_run(self: Any, run_id: int) -> str:
     if run is None:  # cancelled meanwhile, delivered twice, or a stale attempt's message
         return "not claimed"
     recorder = Recorder(run_id)
+    stop = StopCheck(run_id)
     beat = Heartbeat(run_id, settings.GRUE_HEARTBEAT_INTERVAL)
     beat.start()
     try:
         config = lifecycle.prepare_run_dir(run)
         if launcher.processes_of(config) > 1:  # torchrun, supervised here (webapp/runs/launcher.py)
             summary = launcher.run_distributed(
-                run_id, config, run.resume_from or None, StopCheck(run_id), launcher.cancel_grace_s()
+                run_id, config, run.resume_from or None, stop, launcher.cancel_grace_s()
             )
         else:
             summary = engine.train(
-                config, sink=recorder, should_stop=StopCheck(run_id), resume_from=run.resume_from or None
+                config, sink=recorder, should_stop=stop, resume_from=run.resume_from or None
             )
+        interrupted = bool(summary.get("stopped")) and stop.interrupted
+        if interrupted:  # the log tail says so too, above the resume line that will follow it
+            recorder.log(lifecycle.interrupted_reason(summary))
         recorder.close()  # everything stored before the status says so
+        if interrupted:
+            log.warning("run %s interrupted by the worker's shutdown; stored, marking it resumable", run_id)
+            # Stopped for the worker's shutdown, not by the user: lost (resumable, and resumed by the
+            # watchdog without counting against the crash limit), with the reason, never "cancelled".
+            reason = lifecycle.interrupted_reason(summary)
+            with_db_retry(lambda: lifecycle.mark_lost(run_id, reason), what=f"the end of run {run_id}")
+            return RunStatus.LOST
         # The final status rides out a database outage as the recorder does (webapp/runs/recorder.py).
         return with_db_retry(
             lambda: lifecycle.finish(run_id, summary), what=f"the end of run {run_id}"
@@ -71,17 +82,33 @@ def execute_run(self: Any, run_id: int) -> str:
         beat.stop()
 
 
+# Set when this worker begins a warm shutdown (SIGTERM from ``manage.py up``, systemd, compose): the
+# running run stops at the engine's next step with a checkpoint instead of holding the shutdown until
+# it ends (then the supervisor's SIGKILL left it ``running`` until the next start marked it lost).
+SHUTTING_DOWN = threading.Event()
+
+
+@worker_shutting_down.connect
+def _on_worker_shutting_down(sender: Any = None, **kwargs: Any) -> None:
+    SHUTTING_DOWN.set()
+    log.warning("worker shutting down: a running run stops at its next step with a checkpoint")
+
+
 class StopCheck:
     """The engine's ``should_stop``: reads the run's cancel flag from the database at every call (one
     primary-key lookup, well under a millisecond, against steps of tens of milliseconds or more), so a
     cancel takes effect at the engine's next step. A database error counts as "go on": the recorder
-    deals with outages, and the next call asks again."""
+    deals with outages, and the next call asks again. The worker's shutdown stops the run too
+    (``interrupted``), so the caller records it as interrupted and resumable, not cancelled."""
 
     def __init__(self, run_id: int):
         self.run_id = run_id
         self.fired = False
+        self.interrupted = False
 
     def __call__(self) -> bool:
+        if not self.fired and SHUTTING_DOWN.is_set():
+            self.fired = self.interrupted = True
         if not self.fired:
             try:
                 self.fired = lifecycle.cancel_requested(self.run_id)

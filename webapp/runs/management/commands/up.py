@@ -37,6 +37,7 @@ from webapp.security import is_loopback
 ROOT = Path(__file__).resolve().parents[4]
 BACKOFF_MAX = 60.0
 HEALTHY_AFTER = 60.0
+STOP_TIMEOUT_S = float(os.environ.get("GRUE_STOP_TIMEOUT_S", "8"))
 
 
 class _Stop(Exception):
@@ -167,6 +168,10 @@ class Command(BaseCommand):
                         settings.CELERY_TASK_DEFAULT_QUEUE,
                         "-n",
                         name,
+                        # Not used here (workers coordinate through the database and the broker), and
+                        # their shutdown held a stopping worker for seconds after its run had stopped.
+                        "--without-gossip",
+                        "--without-mingle",
                         "--loglevel=INFO",
                     ]
                     self.children.append(
@@ -284,14 +289,16 @@ class Command(BaseCommand):
         for child in children:
             if child.proc is not None and child.proc.poll() is None:
                 _kill_group(child.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
+        # Workers stop their run at its next step with a checkpoint (webapp/runs/tasks.py) and exit;
+        # what is still running after STOP_TIMEOUT_S is killed (its run is marked lost on the next up).
+        deadline = time.monotonic() + STOP_TIMEOUT_S
         for child in children:
             if child.proc is None:
                 continue
             try:
                 child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.say(f"{child.name} did not stop within 30 s; killing it")
+                self.say(f"{child.name} did not stop within {STOP_TIMEOUT_S:.0f} s; killing it")
                 _kill_group(child.proc.pid, signal.SIGKILL)
                 child.proc.wait()
             # Anything still in the group (a grandchild that ignored SIGTERM) goes too. Linux does not
