@@ -157,8 +157,11 @@ class Client:
         tags: list[str] | None = None,
         notes: str | None = None,
         launch: bool = False,
+        remote: bool = False,
     ) -> dict[str, Any]:
-        """A draft run to stream into (``launch=False``) or one queued on the server's workers."""
+        """A draft run to stream into (``launch=False``) or one queued on the server's workers.
+        ``remote=True``: the run trains on this machine, so its paths are this machine's and the
+        server does not check them against its own allowed roots."""
         body = {
             "config": config,
             "name": name,
@@ -166,6 +169,7 @@ class Client:
             "tags": tags,
             "notes": notes,
             "launch": launch,
+            "remote": remote or None,
         }
         return self.request("POST", "/runs", {k: v for k, v in body.items() if v is not None})
 

@@ -48,12 +48,15 @@ def component_errors(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     return errors
 
 
-def model_context(name_or_path: str) -> tuple[int | None, bool]:
-    """``(positions, encoder_decoder)`` of a builtin model or a local model directory; positions is
-    None when unknown (a hub id not on disk, a GGUF file, relative position encodings)."""
+def model_context(name_or_path: str, *, local_files: bool = True) -> tuple[int | None, bool]:
+    """``(positions, encoder_decoder)`` of a builtin model or (``local_files``) a local model
+    directory; positions is None when unknown (a hub id not on disk, a GGUF file, relative position
+    encodings, a path on another machine)."""
     if name_or_path.startswith(BUILTIN_PREFIX):
         spec = BUILTIN_MODELS.get(name_or_path[len(BUILTIN_PREFIX) :]) or {}
         return spec.get("n_positions"), spec.get("kind") == "seq2seq"
+    if not local_files:
+        return None, False
     config = Path(name_or_path).expanduser() / "config.json"
     try:
         data = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
@@ -65,15 +68,15 @@ def model_context(name_or_path: str) -> tuple[int | None, bool]:
     return positions, bool(data.get("is_encoder_decoder"))
 
 
-def size_errors(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+def size_errors(cfg: Mapping[str, Any], *, local_files: bool = True) -> list[tuple[str, str]]:
     """Generation lengths that do not fit the model's context: a causal model holds the prompt and the
     generation in one window (``tokenizer.max_prompt_length + max_new_tokens``); an encoder-decoder
-    holds each on its side."""
+    holds each on its side. ``local_files=False``: read no model directory (builtins only)."""
     model = cfg.get("model") or {}
     name = model.get("name_or_path")
     if not isinstance(name, str):
         return []
-    positions, enc_dec = model_context(name)
+    positions, enc_dec = model_context(name, local_files=local_files)
     if not positions:
         return []
     enc_dec = enc_dec or model.get("type") == "seq2seq"

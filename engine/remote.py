@@ -465,13 +465,14 @@ class RemoteSink(NullSink):
 def start_remote_run(client: Client, config: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
     """Create the run on the server (a draft with this config) and mark it running from this host.
 
-    The config is validated by the server with the launch form's rules; ``train.output_dir`` and the
-    tracker options (``train.trackers``: directories and tracking URIs) are left out since they are
-    this machine's, not the server's: the trackers export from here."""
+    The config is validated by the server with the launch form's rules except the path rules (its data
+    and model paths are this machine's: ``remote``); ``train.output_dir`` and the tracker options
+    (``train.trackers``: directories and tracking URIs) are left out since they are this machine's,
+    not the server's: the trackers export from here."""
     cfg = json.loads(json.dumps(_clean(config)))
     (cfg.get("train") or {}).pop("output_dir", None)
     (cfg.get("train") or {}).pop("trackers", None)
-    run = client.create_run(cfg, name=name or cfg.get("name"))
+    run = client.create_run(cfg, name=name or cfg.get("name"), remote=True)
     client.set_status(run["id"], "running", host=socket.gethostname()[:150])
     return run
 

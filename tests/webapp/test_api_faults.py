@@ -522,3 +522,23 @@ def test_the_token_from_the_environment_wins_over_the_command_line(
     assert main(["push", str(tmp_path), "--report-to", asgi_server.url, "--token", "grue_not-the-token"]) == 0
     assert "--token ignored" in capsys.readouterr().err
     assert MetricPoint.objects.filter(run_id=run_id).count() == 1
+
+
+def test_a_streamed_runs_paths_are_the_clients_not_checked_against_the_servers_roots(asgi_server, token):
+    """``--report-to`` used to be refused when the run's data files lay outside the *server's* allowed
+    roots, although they are read on the client's machine; a run for the server's workers still is."""
+    from engine.client import ApiError, Client
+    from engine.remote import start_remote_run
+
+    client = Client(asgi_server.url, token)
+    cfg = {**CONFIG, "task": {"id": "gsm8k", "args": {"train_path": "/home/someone/gsm/train.jsonl"}}}
+    with pytest.raises(ApiError) as exc:
+        client.create_run(cfg, launch=True)
+    assert exc.value.status == 400 and exc.value.field == "config.task.args.train_path"
+    with pytest.raises(ApiError) as exc:
+        client.create_run(cfg, launch=True, remote=True)
+    assert exc.value.status == 400 and exc.value.field == "remote"
+    run = client.run(start_remote_run(client, cfg)["id"])
+    assert run["status"] == "running" and run["config"]["task"]["args"]["train_path"].startswith(
+        "/home/someone"
+    )

@@ -118,6 +118,13 @@ def _create_run(request: HttpRequest) -> JsonResponse:
     launch = data.get("launch", False)
     if not isinstance(launch, bool):
         raise ApiError(400, "must be true or false", "launch")
+    remote = data.get("remote", False)
+    if not isinstance(remote, bool):
+        raise ApiError(400, "must be true or false", "remote")
+    if remote and launch:
+        raise ApiError(
+            400, "a run for the server's workers reads the server's files: launch it without remote", "remote"
+        )
     kwargs: dict[str, Any] = {"user": request.api_user}
     for name in ("name", "project", "notes"):
         value = data.get(name)
@@ -130,7 +137,10 @@ def _create_run(request: HttpRequest) -> JsonResponse:
         raise ApiError(400, "must be a list of strings", "tags")
     kwargs["tags"] = tags
     try:
-        run = lifecycle.launch_run(config, **kwargs) if launch else services.create_run(config, **kwargs)
+        if launch:
+            run = lifecycle.launch_run(config, **kwargs)
+        else:  # remote: its paths are on the client's machine (services.validate_config)
+            run = services.create_run(config, local_paths=not remote, **kwargs)
     except ConfigInvalid as exc:
         errors = getattr(exc, "errors", None) or [("config", str(exc))]
         first_field = errors[0][0]

@@ -52,12 +52,16 @@ log = logging.getLogger(__name__)
 
 
 def validate_config(
-    config: Mapping[str, Any], *, run_id: int | None = None, resuming: bool = False
+    config: Mapping[str, Any], *, run_id: int | None = None, resuming: bool = False, local_paths: bool = True
 ) -> dict[str, Any]:
     """Validate with the engine's schema, this installation's components and model sizes
     (``engine.launch_checks``) and the web app's path rules; returns the normalised config (defaults
     filled in). The one validator of the launch form, the YAML view, sweeps and the API: an invalid
-    config queues nothing. Raises ConfigInvalid listing every error found, each naming its field."""
+    config queues nothing. Raises ConfigInvalid listing every error found, each naming its field.
+
+    ``local_paths=False`` for a run streamed from a client (``--report-to``): its paths are on the
+    client's machine, so the server's path rules do not apply and no server file is read for sizes
+    (a worker re-checks the paths before it would ever train such a config here)."""
     errors = [(f, "contains a NUL character (\\u0000), which cannot be stored") for f in _nul_fields(config)]
     try:
         cfg = parse_config(dict(config)).to_dict()
@@ -65,11 +69,17 @@ def validate_config(
         schema = exc.errors or [("(root)", str(exc))]
         errors += schema + launch_checks.component_errors(config)
         raise ConfigInvalid(str(exc) if errors == schema else _joined(errors), errors) from None
-    errors += launch_checks.launch_errors(cfg)
-    try:
-        check_config_paths(cfg, run_id=run_id, resuming=resuming)
-    except ConfigInvalid as exc:
-        errors += exc.errors
+    errors += launch_checks.component_errors(cfg)
+    path_errors: list[tuple[str, str]] = []
+    if local_paths:
+        try:
+            check_config_paths(cfg, run_id=run_id, resuming=resuming)
+        except ConfigInvalid as exc:
+            path_errors = exc.errors
+    errors += path_errors
+    # Sizes read a local model's config.json: only once its path passed the rules (or a builtin).
+    if not any(f.startswith("model") for f, _m in path_errors):
+        errors += launch_checks.size_errors(cfg, local_files=local_paths)
     if errors:
         raise ConfigInvalid(_joined(errors), errors)
     return cfg
@@ -183,10 +193,12 @@ def create_run(
     tags: Iterable[str] | str | None = None,
     notes: str = "",
     cloned_from: Run | None = None,
+    local_paths: bool = True,
 ) -> Run:
     """Validate and save a run in ``draft`` (nothing is enqueued: ``lifecycle.launch_run`` does).
-    Raises ConfigInvalid."""
-    cfg = validate_config(config)
+    ``local_paths=False``: a run to stream into from a client (``validate_config``). Raises
+    ConfigInvalid."""
+    cfg = validate_config(config, local_paths=local_paths)
     return _new_run(
         cfg, user=user, name=name, project=project, tags=tags, notes=notes, cloned_from=cloned_from
     )
