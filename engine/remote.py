@@ -22,7 +22,7 @@ an outage (no connection, 502-504, 429, or a failing empty batch too) batches wa
 The run's end (``succeeded`` / ``cancelled`` / ``failed``) is sent after every batch before it, so the
 dashboard never shows a finished run with missing points. ``close(timeout)`` waits for the outbox to
 drain; what could not be delivered stays in the outbox file (``acked-<run id>.json`` records how far the server
-confirmed), and ``python -m engine push RUN_DIR --report-to URL --token TOKEN`` sends the rest later.
+confirmed), and ``GRUE_TOKEN=… python -m engine push RUN_DIR --report-to URL`` sends the rest later.
 """
 
 from __future__ import annotations
