@@ -19,7 +19,7 @@ from django import forms
 
 from engine import presets, yamlio
 from engine import registry as engine_registry
-from engine.config import ConfigError, RunConfig, json_schema, parse_config
+from engine.config import ALGORITHM_DEFAULTS, ConfigError, RunConfig, json_schema, parse_config
 from webapp.runs import extensions, paths, queries
 from webapp.runs.errors import PathNotAllowed
 
@@ -44,6 +44,94 @@ SECTION_TITLES: dict[str, str] = {
 REGISTRY_FIELDS: dict[str, str] = {"task.id": "tasks", "reward.id": "rewards", "algorithm.id": "algorithms"}
 # List-of-component fields: edited as a small YAML list, ids checked against this registry.
 COMPONENT_LIST_FIELDS: dict[str, str] = {"eval.metrics": "metrics", "reward.components": "rewards"}
+
+# The algorithm section holds every algorithm's settings; most apply to a few ids only. Shown all at
+# once they made a 6,800 px tab whatever was picked (issue 26.1), so the form groups them and the
+# browser shows only those of the chosen id (launch.js reads ``data-algorithms``; hidden inputs are
+# still submitted, so the config is the same with or without JavaScript).
+_VALUE_BASED = ("ppo", "nlpo", "a2c", "trpo")
+_GROUP_BASED = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+_RL = _VALUE_BASED + _GROUP_BASED
+ALGORITHM_FIELD_IDS: dict[str, tuple[str, ...]] = {
+    "algorithm.n_epochs": ("ppo", "nlpo", *_GROUP_BASED),
+    "algorithm.gamma": _RL,
+    "algorithm.gae_lambda": _VALUE_BASED,
+    "algorithm.whiten_advantages": _VALUE_BASED,
+    "algorithm.advantage_normalization": ("ppo", "nlpo"),
+    "algorithm.clip_range": ("ppo", "nlpo", *_GROUP_BASED),
+    "algorithm.clip_range_value": ("ppo", "nlpo"),
+    "algorithm.vf_coef": ("ppo", "nlpo", "a2c"),
+    "algorithm.ent_coef": ("ppo", "nlpo", "a2c"),
+    "algorithm.target_kl": ("ppo", "nlpo"),
+    "algorithm.nlpo": ("nlpo",),
+    "algorithm.a2c": ("a2c",),
+    "algorithm.trpo": ("trpo",),
+    "algorithm.group": _GROUP_BASED,
+    "algorithm.dpo": ("dpo",),
+}
+# The algorithm section's top-level fields, grouped by what they tune (in this order, then the
+# per-algorithm sub-models, then anything else such as ``extra`` for user algorithms).
+ALGORITHM_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "algorithm.optimiser",
+        "Optimiser",
+        (
+            "learning_rate",
+            "n_epochs",
+            "minibatch_size",
+            "grad_accumulation",
+            "max_grad_norm",
+            "weight_decay",
+        ),
+    ),
+    (
+        "algorithm.advantages",
+        "Returns and advantages",
+        (
+            "gamma",
+            "gae_lambda",
+            "whiten_advantages",
+            "advantage_normalization",
+        ),
+    ),
+    (
+        "algorithm.losses",
+        "Policy and value losses",
+        (
+            "clip_range",
+            "clip_range_value",
+            "vf_coef",
+            "ent_coef",
+            "target_kl",
+        ),
+    ),
+)
+
+
+def default_text(path: str, default: Any) -> str:
+    """``default 4 (grpo, rloo: 1)``: the schema default and any per-algorithm default of the field,
+    so a user who changed a value can see what it was without resetting the form."""
+
+    def show(value: Any) -> str:
+        if value is None:
+            return "none"
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, (list, dict)):
+            return "empty" if not value else "set"
+        return str(value)
+
+    text = f"default {show(default)}"
+    if path.startswith("algorithm.") and path.count(".") == 1:
+        key = path.split(".", 1)[1]
+        by_value: dict[str, list[str]] = {}
+        for algo, overrides in ALGORITHM_DEFAULTS.items():
+            if key in overrides and overrides[key] != default:
+                by_value.setdefault(show(overrides[key]), []).append(algo)
+        extra = "; ".join(f"{', '.join(ids)}: {value}" for value, ids in by_value.items())
+        if extra:
+            text += f" ({extra})"
+    return text
 
 
 @dataclass
@@ -243,6 +331,7 @@ class RunConfigForm(forms.Form):
         self.config: RunConfig | None = None
         # Rewards other apps offer (e.g. reward models trained from human judgments), by choice id.
         self.reward_choices = {c["id"]: c for c in extensions.reward_choices()}
+        self.defaults = default_config()
         base = default_config()
         if initial_config:
             base = _deep_merge(base, initial_config)
@@ -263,6 +352,14 @@ class RunConfigForm(forms.Form):
 
     # Widgets ---------------------------------------------------------------------------------
     def _make_field(self, spec: FieldSpec, initial: Any) -> forms.Field:
+        made = self._make_widget_field(spec, initial)
+        # Read by _field.html: which algorithm ids the field applies to, and its default.
+        owner = spec.subsection if spec.subsection in ALGORITHM_FIELD_IDS else spec.path
+        made.algorithms = " ".join(ALGORITHM_FIELD_IDS.get(owner, ()))  # type: ignore[attr-defined]
+        made.default_text = default_text(spec.path, get_path(self.defaults, spec.path))  # type: ignore[attr-defined]
+        return made
+
+    def _make_widget_field(self, spec: FieldSpec, initial: Any) -> forms.Field:
         common: dict[str, Any] = {"label": spec.title, "help_text": spec.help, "initial": initial}
         registry = REGISTRY_FIELDS.get(spec.path)
         if registry:
@@ -329,9 +426,20 @@ class RunConfigForm(forms.Form):
             if key not in by_section:
                 continue
             groups = []
+            if key == "algorithm":
+                groups.extend(self._algorithm_groups(by_section[key]))
             for sub, bound in by_section[key].items():
                 title = sub.split(".")[-1].replace("_", " ").title() if sub else ""
-                groups.append({"key": sub, "title": title, "fields": bound})
+                if sub == "algorithm.group":
+                    title = "Group algorithms (GRPO, RLOO, REINFORCE++)"
+                elif sub in ALGORITHM_FIELD_IDS:
+                    title = sub.split(".")[-1].upper() + " settings"
+                if bound:
+                    algos = " ".join(ALGORITHM_FIELD_IDS.get(sub, ()))
+                    virtual = sub == "algorithm.other"
+                    groups.append(
+                        {"key": sub, "title": title, "fields": bound, "algorithms": algos, "virtual": virtual}
+                    )
             has_errors = any(b.errors for g in groups for b in g["fields"])
             out.append(
                 {
@@ -342,6 +450,29 @@ class RunConfigForm(forms.Form):
                 }
             )
         return out
+
+    def _algorithm_groups(self, by_sub: dict[str, list[forms.BoundField]]) -> list[dict[str, Any]]:
+        """Pull the algorithm section's top-level fields into titled groups (``ALGORITHM_GROUPS``),
+        leaving ``algorithm.id`` first on its own and unlisted fields (``extra``) where they were."""
+        top = by_sub.get("", [])
+        by_key = {b.name.split(SEP, 1)[1]: b for b in top if SEP in b.name}
+        taken: set[str] = set()
+        groups = (
+            [{"key": "", "title": "", "fields": [by_key["id"]], "algorithms": ""}] if "id" in by_key else []
+        )
+        taken.add("id")
+        for key, title, names in ALGORITHM_GROUPS:
+            fields = [by_key[n] for n in names if n in by_key]
+            taken.update(n for n in names if n in by_key)
+            if fields:
+                groups.append(
+                    {"key": key, "title": title, "fields": fields, "algorithms": "", "virtual": True}
+                )
+        by_sub[""] = [b for b in top if b.name.split(SEP, 1)[-1] not in taken]
+        if by_sub[""]:  # what is left (``extra``) goes after the per-algorithm groups
+            rest = by_sub.pop("")
+            by_sub["algorithm.other"] = rest
+        return groups
 
     # Conversion and validation -------------------------------------------------------------------
     def _field_value(self, spec: FieldSpec, value: Any) -> Any:

@@ -127,3 +127,29 @@
   [devicesField, processesField, gpusField].forEach((f) => { if (f) f.addEventListener("input", render); });
   if (devicesField) devicesField.addEventListener("change", render);
 })();
+
+// The algorithm tab shows only the settings of the chosen algorithm (fields and groups carry
+// data-algorithms, the ids they apply to; none = every algorithm). Hidden inputs are still
+// submitted, so switching back and forth loses nothing and the config is the same without JS.
+(function () {
+  "use strict";
+  const select = document.querySelector("select[name='algorithm__id']");
+  if (!select) return;
+  const scoped = Array.from(document.querySelectorAll("fieldset.section[data-section='algorithm'] [data-algorithms]"));
+  function sync() {
+    const id = select.value;
+    scoped.forEach((el) => {
+      const ids = el.dataset.algorithms.split(" ").filter(Boolean);
+      // A field with an error stays visible whatever is picked, so no error is ever hidden.
+      const hasError = el.classList.contains("field-error") || Boolean(el.querySelector(".field-error"));
+      el.hidden = ids.length > 0 && !ids.includes(id) && !hasError;
+    });
+    document.querySelectorAll("fieldset.section[data-section='algorithm'] fieldset.subsection").forEach((fs) => {
+      if (fs.dataset.algorithms) return;
+      const fields = Array.from(fs.querySelectorAll(".field"));
+      fs.hidden = fields.length > 0 && fields.every((f) => f.hidden);
+    });
+  }
+  select.addEventListener("change", sync);
+  sync();
+})();
