@@ -178,3 +178,32 @@ def test_concurrent_annotators_in_an_adaptive_campaign_never_over_assign():
     assert all(it.judgment_count == overlap for it in items)
     # Blind sides: both placements occurred (the chance of one side only is 2 · 2^-48).
     assert 0 < sum(sides) < len(sides)
+
+
+@pytest.mark.django_db
+def test_api_reads_and_changes_the_assignment_mode(client, researcher):
+    from webapp.api.auth import create_token
+
+    camp = uploads.create_campaign_from_upload("via api", three_system_upload(2), overlap=1)
+    likert = uploads.create_campaign_from_upload("likert", three_system_upload(1), kind="likert", overlap=1)
+    auth = {"HTTP_AUTHORIZATION": "Bearer " + create_token(researcher, "t")[1]}
+    listed = client.get("/api/v1/campaigns", **auth).json()["campaigns"]
+    assert {c["id"]: c["assignment_mode"] for c in listed} == {camp.pk: "uniform", likert.pk: "uniform"}
+
+    def post(pk: int, body: dict) -> Any:
+        return client.post(
+            f"/api/v1/campaigns/{pk}", data=json.dumps(body), content_type="application/json", **auth
+        )
+
+    r = post(camp.pk, {"assignment_mode": "adaptive"})
+    assert r.status_code == 200 and r.json()["assignment_mode"] == "adaptive"
+    camp.refresh_from_db()
+    assert camp.assignment_mode == "adaptive"
+    assert client.get(f"/api/v1/campaigns/{camp.pk}", **auth).json()["assignment_mode"] == "adaptive"
+    bad = post(camp.pk, {"assignment_mode": "greedy"})
+    assert bad.status_code == 400 and bad.json()["field"] == "assignment_mode"
+    refused = post(likert.pk, {"assignment_mode": "adaptive"})
+    assert refused.status_code == 400 and "pairwise" in refused.json()["error"]
+    assert post(camp.pk, {"overlap": 9}).status_code == 400
+    camp.refresh_from_db()
+    assert camp.assignment_mode == "adaptive" and camp.overlap == 1
