@@ -235,7 +235,20 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--bias-judgments", type=int, default=1500)
     ap.add_argument("--bias-campaigns", type=int, default=200)
     ap.add_argument("--json", help="write the full result here")
+    ap.add_argument(
+        "--spread",
+        type=float,
+        default=1.0,
+        help="scale the strengths' distances from their mean (sensitivity)",
+    )
+    ap.add_argument("--oracle-only", action="store_true", help="only the oracle width bound")
     args = ap.parse_args(argv)
+    global TRUE_ELO
+    TRUE_ELO = TRUE_ELO.mean() + (TRUE_ELO - TRUE_ELO.mean()) * args.spread
+    if args.oracle_only:
+        bound = {"true_elo": TRUE_ELO.tolist(), **oracle_bound()}
+        print(json.dumps(bound))
+        return bound
     t0 = time.time()
     per: dict[str, dict[str, list[float]]] = {
         "uniform": {"tau": [], "width": []},
