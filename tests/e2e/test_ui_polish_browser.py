@@ -91,3 +91,103 @@ def test_launch_form_is_wide_and_shows_only_the_chosen_algorithms_settings(
     page.set_viewport_size({"width": PHONE, "height": 800})
     expect(form).to_be_visible()
     assert_fits(page)
+
+
+TRACE_COLOURS = """(sel) => Array.from(document.querySelectorAll(sel)).map((el) => ({
+  key: el.dataset.key || el.id,
+  traces: (el.data || []).map((t) => [t.name, t.line && t.line.color]),
+}))"""
+
+
+def _metric_runs(researcher: Any) -> list[Any]:
+    """Three runs reporting overlapping subsets of three metrics, as a PPO, an A2C and a GRPO run do:
+    a colour handed out by position among the runs that report a metric differs from chart to chart."""
+    from webapp.runs.ingest import ingest_metrics
+    from webapp.runs.models import Run
+
+    reports = {
+        "ppo": ("train/reward_mean", "loss/value"),
+        "a2c": ("loss/value", "eval/bleu"),
+        "grpo": ("train/reward_mean", "eval/bleu"),
+    }
+    runs = []
+    for name, keys in reports.items():
+        run = Run.objects.create(
+            name=f"{name} <b>x</b>", config={}, created_by=researcher, status="succeeded"
+        )
+        ingest_metrics(run.pk, [(k, s, 0.1 * s) for k in keys for s in range(1, 6)])
+        runs.append(run)
+    return runs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_run_has_one_colour_in_every_compare_chart_with_a_legend(
+    csp_page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    page = csp_page
+    runs = _metric_runs(researcher)
+    login(page, asgi_server.url, researcher)
+    page.goto(f"{asgi_server.url}/compare/?ids={','.join(str(r.pk) for r in runs)}")
+    charts = page.locator("#charts .chart[data-key]")
+    expect(charts).to_have_count(3)
+    for i in range(3):
+        charts.nth(i).scroll_into_view_if_needed()
+        expect(charts.nth(i)).to_have_attribute("data-points", "10")
+    colour_of: dict[str, set[str]] = {}
+    for chart in page.evaluate(TRACE_COLOURS, "#charts .chart[data-key]"):
+        for name, colour in chart["traces"]:
+            colour_of.setdefault(name, set()).add(colour)
+    names = {f"#{r.pk} {r.name}" for r in runs}
+    assert set(colour_of) == names
+    assert all(len(c) == 1 for c in colour_of.values()), colour_of  # one colour per run everywhere
+    assert len({next(iter(c)) for c in colour_of.values()}) == 3  # and different runs differ
+
+    legend = page.locator("#run-legend li")
+    expect(legend).to_have_count(3)
+    for run, item in zip(runs, legend.all(), strict=True):
+        expect(item).to_contain_text(f"#{run.pk} {run.name}")  # the name as text, escaped
+        swatch = item.locator(".swatch").evaluate("(el) => getComputedStyle(el).backgroundColor")
+        (colour,) = colour_of[f"#{run.pk} {run.name}"]
+        assert swatch == _rgb(colour)
+    assert_fits(page)
+
+
+def _rgb(hex_colour: str) -> str:
+    """``#2f6fed`` as the browser's computed style writes it, ``rgb(47, 111, 237)``."""
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sweep_chart_uses_the_runs_compare_colours(
+    csp_page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    from webapp.runs.ingest import ingest_metrics
+    from webapp.runs.models import Run
+
+    page = csp_page
+    tag = "sweep:colours01"
+    runs = []
+    for i, lr in enumerate((1e-5, 3e-5, 1e-4)):
+        run = Run.objects.create(
+            name=f"lr-{i}",
+            config={"algorithm": {"learning_rate": lr}},
+            created_by=researcher,
+            status="succeeded",
+            tags=[tag],
+        )
+        ingest_metrics(run.pk, [("train/reward_mean", 1, 0.1 * i)])
+        runs.append(run)
+    login(page, asgi_server.url, researcher)
+    page.goto(f"{asgi_server.url}/sweeps/{tag}/")
+    expect(page.locator("#sweep-parcoords")).to_have_attribute("data-drawn", "3")
+    lines = {name: colour for name, colour in page.evaluate(TRACE_COLOURS, "#sweep-parcoords")[0]["traces"]}
+    page.locator("#compare-sweep").click()
+    charts = page.locator("#charts .chart[data-key]")
+    expect(charts.first).to_have_attribute("data-points", "3")
+    on_compare = {
+        name: colour for name, colour in page.evaluate(TRACE_COLOURS, "#charts .chart[data-key]")[0]["traces"]
+    }
+    for run in runs:
+        assert lines[run.name] == on_compare[f"#{run.pk} {run.name}"]
+    assert len(set(lines.values())) == 3

@@ -733,3 +733,28 @@ def samples_side_by_side(
     # Prompts every run answered first.
     order.sort(key=lambda k: -sum(v is not None for v in table[k]["by_run"].values()))
     return [table[k] for k in order[:limit]]
+
+
+# One colour per run on every chart that shows several runs (compare, sweep): a run's colour is
+# fixed by its position in the page's run list, not by its position among the runs that report
+# one metric, so a run keeps its colour from chart to chart (issue 26.2). Twelve colours for the
+# at most twelve compared runs; the legend on each page says which is which.
+RUN_COLORS: tuple[str, ...] = (
+    "#2f6fed",
+    "#d64545",
+    "#1f9d55",
+    "#c77c02",
+    "#8e44ad",
+    "#16a2b8",
+    "#e67e22",
+    "#34495e",
+    "#e84393",
+    "#6c5ce7",
+    "#00b894",
+    "#b33939",
+)
+
+
+def run_color(index: int) -> str:
+    """The colour of the ``index``-th run of a page (cycling after twelve)."""
+    return RUN_COLORS[index % len(RUN_COLORS)]

@@ -19,7 +19,7 @@ from django.db import transaction
 
 from engine import yamlio
 from engine.sweep import SweepError, sweep_from_data
-from webapp.runs import lifecycle
+from webapp.runs import lifecycle, queries
 from webapp.runs.models import MetricPoint, Run
 
 TAG_PREFIX = "sweep:"
@@ -123,7 +123,7 @@ def sweep_table(tag: str, metric: str) -> dict[str, Any]:
     paths = varied_paths(runs)
     values = final_metrics(runs, metric)
     rows = []
-    for run in runs:
+    for i, run in enumerate(runs):
         flat = _flatten(run.config or {})
         rows.append(
             {
@@ -131,13 +131,21 @@ def sweep_table(tag: str, metric: str) -> dict[str, Any]:
                 "values": [flat.get(p) for p in paths],
                 "metric": values[run.pk],
                 "status": run.status,
+                # The compare page's colour for the same run (its "overlay" link keeps this order).
+                "color": queries.run_color(i),
             }
         )
     chart = {
         "paths": paths,
         "metric": metric,
         "runs": [
-            {"id": r["run"].pk, "name": r["run"].name, "values": r["values"], "metric": r["metric"]}
+            {
+                "id": r["run"].pk,
+                "name": r["run"].name,
+                "values": r["values"],
+                "metric": r["metric"],
+                "color": r["color"],
+            }
             for r in rows
         ],
     }

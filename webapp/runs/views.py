@@ -636,7 +636,13 @@ def compare(request: HttpRequest) -> HttpResponse:
     chart_groups = _by_group(queries.metric_keys([r.pk for r in runs]), lambda k: k, lambda k: k)
     live = {
         "runs": [
-            {"id": r.pk, "name": r.name, "series_url": reverse("runs:series", args=[r.pk])} for r in runs
+            {
+                "id": r.pk,
+                "name": r.name,
+                "series_url": reverse("runs:series", args=[r.pk]),
+                "color": queries.run_color(i),
+            }
+            for i, r in enumerate(runs)
         ],
         "groups": _chart_groups(),
     }
@@ -651,6 +657,7 @@ def compare(request: HttpRequest) -> HttpResponse:
             "chart_groups": chart_groups,
             "side_rows": side_rows,
             "live": live,
+            "legend": [{"run": r, "color": queries.run_color(i)} for i, r in enumerate(runs)],
             "ids_param": ",".join(str(r.pk) for r in runs),
         },
     )

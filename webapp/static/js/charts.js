@@ -89,16 +89,20 @@
       this.visible = true;
       this.schedule();
     }
-    _get(name) {
+    // color: the series' fixed colour (the compare page gives each run one for every chart); without
+    // it a series takes the next palette colour of this chart.
+    _get(name, color) {
       let s = this.series.get(name);
       if (!s) {
-        s = { points: new Map(), zoom: null, color: PALETTE[this.series.size % PALETTE.length] };
+        s = { points: new Map(), zoom: null, color: color || PALETTE[this.series.size % PALETTE.length] };
         this.series.set(name, s);
+      } else if (color) {
+        s.color = color;
       }
       return s;
     }
-    setSeries(name, xs, ys) {
-      const s = this._get(name);
+    setSeries(name, xs, ys, color) {
+      const s = this._get(name, color);
       for (let i = 0; i < xs.length; i++) s.points.set(xs[i], ys[i]);
       this.schedule();
     }

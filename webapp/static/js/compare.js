@@ -85,12 +85,19 @@
 
   document.querySelectorAll("#charts .chart[data-key]").forEach(makeChart);
 
+  // The legend's swatches take each run's colour (the one its curves have in every chart).
+  document.querySelectorAll("#run-legend [data-run]").forEach((li) => {
+    const run = cfg.runs.find((r) => String(r.id) === li.dataset.run);
+    const swatch = li.querySelector(".swatch");
+    if (run && swatch) swatch.style.backgroundColor = run.color;
+  });
+
   Promise.all(cfg.runs.map((run) => fetch(run.series_url, { credentials: "same-origin" })
     .then((r) => r.json()).then((data) => ({ run: run, data: data }))))
     .then((results) => {
       results.forEach(({ run, data }) => {
         Object.values(data.series).forEach((s) => {
-          chartFor(s.key, (data.groups || {})[s.key]).setSeries(label(run), s.x, s.y);
+          chartFor(s.key, (data.groups || {})[s.key]).setSeries(label(run), s.x, s.y, run.color);
         });
       });
       document.getElementById("charts").dataset.loaded = "1";

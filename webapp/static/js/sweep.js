@@ -2,7 +2,8 @@
 // metric (runs without the metric yet are left out). Drawn with Plotly's SVG scatter, not its
 // WebGL `parcoords` trace: that trace compiles shaders with eval (regl), which the app's
 // Content-Security-Policy forbids. Each axis is scaled to its own min..max (labelled at both ends);
-// text values become evenly spaced categories. Line colour follows the metric (blue low, red high).
+// text values become evenly spaced categories. Each run's line has the run's colour, the one its curves
+// have on the compare page (the table's swatches are the legend).
 (function () {
   "use strict";
   const el = document.getElementById("sweep-parcoords");
@@ -24,8 +25,6 @@
   }
   const axes = data.paths.map((p, i) => axis(p, runs.map((r) => r.values[i])));
   axes.push(axis(data.metric, runs.map((r) => r.metric)));
-  const metricPos = axes[axes.length - 1].pos;
-  const colour = (t) => `rgb(${Math.round(40 + 200 * t)},${Math.round(80 + 40 * (1 - Math.abs(2 * t - 1)))},${Math.round(220 - 180 * t)})`;
   const xs = axes.map((_, i) => i);
   const traces = runs.map((r, k) => ({
     type: "scatter",
@@ -33,7 +32,7 @@
     x: xs,
     y: axes.map((a) => a.pos[k]),
     name: r.name,
-    line: { color: colour(metricPos[k]), width: 2 },
+    line: { color: r.color, width: 2 },
     marker: { size: 7 },
     text: axes.map((a, i) => `${r.name}<br>${a.label} = ${fmt(i < data.paths.length ? r.values[i] : r.metric)}`),
     hoverinfo: "text",
