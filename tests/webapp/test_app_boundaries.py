@@ -37,6 +37,10 @@ def test_the_annotation_endpoints_are_plugged_into_the_api(client):
     """Registered from the annotation app's ready(): routed, described, and behind the API's auth."""
     from webapp.api import extensions
 
-    assert {p.name for p in extensions.url_patterns()} == {"api_campaigns", "api_campaign_pairs"}
+    assert {p.name for p in extensions.url_patterns()} == {
+        "api_campaigns",
+        "api_campaign_detail",
+        "api_campaign_pairs",
+    }
     assert "Pair" in extensions.openapi_schemas()
     assert client.get("/api/v1/campaigns").status_code == 401  # no token: the API's own refusal
