@@ -36,7 +36,15 @@ from engine.presets import list_presets, load_preset
 from engine.registry import UnknownComponentError
 from engine.remote import RemoteSink, push_outbox, start_remote_run
 from engine.sinks import ConsoleSink
-from engine.study import BUDGETS, STUDIES, StudyError, export_reference, run_study, write_report
+from engine.study import (
+    BUDGETS,
+    STUDIES,
+    StudyError,
+    export_reference,
+    learning_check,
+    run_study,
+    write_report,
+)
 from engine.sweep import SweepError, load_sweep, run_sweep
 from engine.sweep import table as sweep_table
 from engine.trackers import trackers as tracker_registry
@@ -132,6 +140,11 @@ def cmd_study(args: argparse.Namespace) -> int:
         for i, claim in enumerate(rep["verdicts"], 1):
             print(f"claim {i}: {claim['verdict']}")
         print(f"report written to {rep['dir']}")
+        return 0
+    if args.study == "check":
+        if not args.dir or not args.baseline:
+            raise CLIError("usage: python -m engine study check RUN_DIR --baseline BASELINE_RUN_DIR")
+        print(json.dumps(learning_check(args.dir, args.baseline), indent=2))
         return 0
     if args.study == "export":
         if not args.dir or not args.out:
@@ -360,7 +373,12 @@ def make_parser() -> argparse.ArgumentParser:
         "[--workers N]; python -m engine study report DIR [--docs docs/reproduction.md]; "
         "python -m engine study export DIR --out FILE.json.gz",
     )
-    st.add_argument("study", choices=[*STUDIES, "report", "export"], help="a study id, or report / export")
+    st.add_argument(
+        "study",
+        choices=[*STUDIES, "report", "export", "check"],
+        help="a study id, or report / export / check",
+    )
+    st.add_argument("--baseline", help="check: the baseline run directory (e.g. DIR/runs/zero_shot-seed0)")
     st.add_argument("dir", nargs="?", metavar="DIR", help="report / export: the study directory")
     st.add_argument("--out", help="study: the output directory (re-run to resume); export: the .json.gz file")
     st.add_argument("--seeds", type=int, nargs="+", help="default: 0 1 2")
