@@ -191,3 +191,72 @@ def test_sweep_chart_uses_the_runs_compare_colours(
     for run in runs:
         assert lines[run.name] == on_compare[f"#{run.pk} {run.name}"]
     assert len(set(lines.values())) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sweeps_are_listed_linked_both_ways_live_and_cancelled_after_a_confirmation(
+    csp_page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    from webapp.runs.ingest import ingest_metrics
+    from webapp.runs.models import Run
+
+    page = csp_page
+    tag = "sweep:found0001"
+    first = Run.objects.create(
+        name="lr-a",
+        config={"algorithm": {"learning_rate": 1e-5}},
+        created_by=researcher,
+        status="queued",
+        tags=[tag],
+    )
+    second = Run.objects.create(
+        name="lr-b",
+        config={"algorithm": {"learning_rate": 1e-4}},
+        created_by=researcher,
+        status="queued",
+        tags=[tag],
+    )
+    for run in (first, second):
+        ingest_metrics(run.pk, [("train/reward_mean", 1, 0.5)])
+    login(page, asgi_server.url, researcher)
+
+    page.goto(f"{asgi_server.url}/")
+    page.locator("nav.nav a", has_text="Sweeps").click()
+    row = page.locator(f"#sweep-list tr[data-tag='{tag}']")
+    expect(row).to_contain_text("lr-a")
+    expect(row).to_contain_text("2 queued")
+    row.locator("a").first.click()
+    expect(page).to_have_url(f"{asgi_server.url}/sweeps/{tag}/")
+
+    # The chart sits inside its card, on a desktop and on a phone.
+    chart = page.locator("#sweep-parcoords")
+    expect(chart).to_have_attribute("data-drawn", "2")
+    for width in (DESKTOP, PHONE):
+        page.set_viewport_size({"width": width, "height": 900})
+        expect(chart.locator(".main-svg").first).to_be_visible()
+        card = page.locator(".sweep-chart-card").bounding_box()
+        svg = chart.locator(".main-svg").first.evaluate("(el) => el.getBoundingClientRect().right")
+        assert svg <= card["x"] + card["width"]
+        assert_fits(page)
+    page.set_viewport_size({"width": DESKTOP, "height": 900})
+
+    # Member run -> its sweep, and back.
+    page.locator("#sweep-table a", has_text="lr-b").click()
+    expect(page).to_have_url(f"{asgi_server.url}/runs/{second.pk}/")
+    page.locator("a.sweep-link").click()
+    expect(page).to_have_url(f"{asgi_server.url}/sweeps/{tag}/")
+
+    # Live status: a run that finishes shows so without a reload.
+    Run.objects.filter(pk=second.pk).update(status="succeeded")
+    expect(page.locator(f"[data-status-of='{second.pk}']")).to_have_text("succeeded", timeout=30_000)
+    expect(page.locator("#cancel-sweep")).to_be_visible()
+
+    # Cancelling the group asks first, naming the runs it stops (only the unfinished one).
+    page.locator("#cancel-sweep").click()
+    expect(page.locator("#runs-to-cancel li")).to_have_count(1)
+    expect(page.locator("#runs-to-cancel")).to_contain_text("lr-a")
+    assert Run.objects.get(pk=first.pk).status == "queued"  # nothing happened before confirming
+    page.locator("#confirm-cancel-sweep").click()
+    expect(page).to_have_url(f"{asgi_server.url}/sweeps/{tag}/")
+    expect(page.locator(f"[data-status-of='{first.pk}']")).to_have_text("cancelled")
+    expect(page.locator("#cancel-sweep")).to_be_hidden()  # a finished sweep offers no cancel

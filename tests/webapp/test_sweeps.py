@@ -7,6 +7,7 @@ import json
 
 import pytest
 import yaml
+from django.test import Client
 from django.urls import reverse
 
 from tests.conftest import queued_messages
@@ -146,3 +147,37 @@ def test_launch_form_sweep_with_broken_yaml_names_the_line(researcher_client):
     assert resp.status_code == 200
     assert "bad YAML at line" in resp.content.decode()
     assert not Run.objects.exists()
+
+
+def test_sweep_list_status_and_cancel_confirmation_need_a_researcher_and_escape_names(
+    researcher, annotator
+):
+    """The sweep list, the live status JSON and the cancel confirmation (issue 26.3): login and the
+    researcher role, run names escaped, and a GET of the cancel page changes nothing."""
+    tag = "sweep:roles001"
+    run = Run.objects.create(
+        name="<script>x</script>", config={}, created_by=researcher, status=RunStatus.QUEUED, tags=[tag]
+    )
+    client, annotator_client, researcher_client = Client(), Client(), Client()
+    annotator_client.force_login(annotator)
+    researcher_client.force_login(researcher)
+    urls = [
+        reverse("runs:sweep_list"),
+        reverse("runs:sweep_status", args=[tag]),
+        reverse("runs:sweep_cancel", args=[tag]),
+    ]
+    for url in urls:
+        assert client.get(url).status_code == 302 and "/accounts/login/" in client.get(url).url
+        resp = annotator_client.get(url)
+        assert resp.status_code == 302 and "/annotate/" in resp.url
+    listing = researcher_client.get(urls[0]).content.decode()
+    assert "&lt;script&gt;x&lt;/script&gt;" in listing and "<script>x" not in listing
+    status = researcher_client.get(urls[1]).json()
+    assert status == {
+        "runs": [{"id": run.pk, "status": "queued", "metric": None}],
+        "cancellable": 1,
+        "active": True,
+    }
+    confirm = researcher_client.get(urls[2]).content.decode()
+    assert "&lt;script&gt;" in confirm and 'id="confirm-cancel-sweep"' in confirm
+    assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED

@@ -15,12 +15,12 @@ import uuid
 from typing import Any
 
 import yaml
-from django.db import transaction
+from django.db import connection, transaction
 
 from engine import yamlio
 from engine.sweep import SweepError, sweep_from_data
 from webapp.runs import lifecycle, queries
-from webapp.runs.models import MetricPoint, Run
+from webapp.runs.models import ACTIVE_STATUSES, MetricPoint, Run
 
 TAG_PREFIX = "sweep:"
 #: Runs one sweep may launch from the web app.
@@ -160,3 +160,54 @@ def cancel_sweep(tag: str) -> int:
             lifecycle.cancel_run(run)
             n += 1
     return n
+
+
+def sweep_list(limit: int = 500) -> list[dict[str, Any]]:
+    """Every sweep (a ``sweep:`` tag), newest first: its first run's name, how many runs it has in
+    each status, when it was launched and whether any run is still queued or running. A sweep used
+    to be reachable only from the page its launch redirected to (issue 26.3); this is the page a
+    user returns to. One query, grouped in PostgreSQL over the tags' GIN-indexed array."""
+    table = Run._meta.db_table
+    sql = (
+        "SELECT t.tag, count(*), min(r.created), (array_agg(r.name ORDER BY r.id))[1], "
+        "array_agg(r.status ORDER BY r.id) "
+        f"FROM {table} r CROSS JOIN LATERAL unnest(r.tags) AS t(tag) "
+        "WHERE t.tag LIKE %s GROUP BY t.tag ORDER BY min(r.id) DESC LIMIT %s"
+    )
+    with connection.cursor() as cur:
+        cur.execute(sql, [TAG_PREFIX + "%", limit])  # the prefix holds no LIKE wildcard
+        rows = cur.fetchall()
+    out = []
+    for tag, n, created, first_name, statuses in rows:
+        counts: dict[str, int] = {}
+        for status in statuses:
+            counts[status] = counts.get(status, 0) + 1
+        out.append(
+            {
+                "tag": tag,
+                "short": tag[len(TAG_PREFIX) :],
+                "n": n,
+                "created": created,
+                "first_name": first_name,
+                "counts": sorted(counts.items()),
+                "active": any(st in ACTIVE_STATUSES for st in statuses),
+            }
+        )
+    return out
+
+
+def cancellable_runs(tag: str) -> list[Run]:
+    """The sweep's runs a cancel would stop (the confirmation page lists them)."""
+    return [run for run in sweep_runs(tag) if lifecycle.can_cancel(run)]
+
+
+def sweep_status(tag: str, metric: str) -> dict[str, Any]:
+    """What the sweep page refreshes while the sweep runs: each run's status and final metric, and
+    how many runs a cancel would still stop (0 hides the button)."""
+    runs = sweep_runs(tag)
+    values = final_metrics(runs, metric)
+    return {
+        "runs": [{"id": r.pk, "status": r.status, "metric": values[r.pk]} for r in runs],
+        "cancellable": sum(1 for r in runs if lifecycle.can_cancel(r)),
+        "active": any(r.status in ACTIVE_STATUSES for r in runs),
+    }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -46,7 +47,7 @@ from webapp.runs.forms import (
     load_yaml_text,
     unknown_keys,
 )
-from webapp.runs.models import Checkpoint, Run, RunLog, RunStatus
+from webapp.runs.models import ACTIVE_STATUSES, Checkpoint, Run, RunLog, RunStatus
 
 MAX_COMPARE = 12
 LOG_TAIL = 200
@@ -187,12 +188,45 @@ def sweep_detail(request: HttpRequest, tag: str) -> HttpResponse:
     data = sweeps.sweep_table(tag, metric)
     if not data["runs"]:
         raise Http404("no runs in this sweep")
-    return render(request, "runs/sweep_detail.html", {**data, "metric": metric})
+    live = {
+        "status_url": reverse("runs:sweep_status", args=[tag]) + "?" + urlencode({"metric": metric}),
+        "active": any(r.status in ACTIVE_STATUSES for r in data["runs"]),
+    }
+    cancellable = sum(1 for r in data["runs"] if lifecycle.can_cancel(r))
+    return render(
+        request,
+        "runs/sweep_detail.html",
+        {**data, "metric": metric, "live": live, "cancellable": cancellable},
+    )
 
 
 @researcher_required
-@require_POST
+@require_GET
+def sweep_list(request: HttpRequest) -> HttpResponse:
+    """Every sweep, newest first, so a sweep can be found again after its launch page is gone."""
+    return render(request, "runs/sweep_list.html", {"sweeps": sweeps.sweep_list()})
+
+
+@researcher_required
+@require_GET
+def sweep_status(request: HttpRequest, tag: str) -> JsonResponse:
+    """Statuses and final metrics of a sweep's runs, polled by its page while any run is active."""
+    if not tag.startswith(sweeps.TAG_PREFIX):
+        raise Http404("not a sweep")
+    metric = request.GET.get("metric", "").strip()[:200] or "train/reward_mean"
+    return JsonResponse(sweeps.sweep_status(tag, metric))
+
+
+@researcher_required
+@require_http_methods(["GET", "POST"])
 def sweep_cancel(request: HttpRequest, tag: str) -> HttpResponse:
+    """GET: a confirmation page naming the runs a cancel stops (a group action is never one click);
+    POST: cancel them."""
+    if not tag.startswith(sweeps.TAG_PREFIX):
+        raise Http404("not a sweep")
+    if request.method == "GET":
+        runs = sweeps.cancellable_runs(tag)
+        return render(request, "runs/sweep_confirm_cancel.html", {"tag": tag, "runs": runs})
     n = sweeps.cancel_sweep(tag)
     messages.info(request, f"Cancelled {n} run{'s' if n != 1 else ''} of the sweep.")
     return redirect("runs:sweep", tag=tag)
