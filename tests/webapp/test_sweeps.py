@@ -149,9 +149,7 @@ def test_launch_form_sweep_with_broken_yaml_names_the_line(researcher_client):
     assert not Run.objects.exists()
 
 
-def test_sweep_list_status_and_cancel_confirmation_need_a_researcher_and_escape_names(
-    researcher, annotator
-):
+def test_sweep_list_status_and_cancel_confirmation_need_a_researcher_and_escape_names(researcher, annotator):
     """The sweep list, the live status JSON and the cancel confirmation (issue 26.3): login and the
     researcher role, run names escaped, and a GET of the cancel page changes nothing."""
     tag = "sweep:roles001"
