@@ -43,6 +43,7 @@ from annotation.models import (
     Item,
     Judgment,
     Membership,
+    Pairing,
     new_token,
 )
 
@@ -70,8 +71,11 @@ def pair_ranking(camp: Campaign) -> list[tuple[str, str]]:
         .values_list("item__system_a", "item__system_b", "choice")
         .annotate(n=Count("id"))
     )
-    wins = active.win_matrix(rows, camp.systems)
-    return active.pair_order(active.pair_scores(wins), camp.systems, limit=ADAPTIVE_PAIRS_RANKED)
+    scores = active.pair_scores(active.win_matrix(rows, camp.systems))
+    pairs = active.pair_order(scores, camp.systems)
+    if camp.pairing == Pairing.VS_BASELINE:  # only pairs the campaign has items for take ranks
+        pairs = [p for p in pairs if camp.baseline_system in p]
+    return pairs[:ADAPTIVE_PAIRS_RANKED]
 
 
 def _pair_rank_expression(pairs: list[tuple[str, str]]) -> Case:

@@ -207,3 +207,14 @@ def test_api_reads_and_changes_the_assignment_mode(client, researcher):
     assert post(camp.pk, {"overlap": 9}).status_code == 400
     camp.refresh_from_db()
     assert camp.assignment_mode == "adaptive" and camp.overlap == 1
+
+
+@pytest.mark.django_db
+def test_a_baseline_campaign_ranks_only_its_baseline_pairs():
+    camp = uploads.create_campaign_from_upload(
+        "vs s1", three_system_upload(2), overlap=1, pairing="vs_baseline", baseline_system="s1",
+        assignment_mode="adaptive",
+    )  # fmt: skip
+    ranked = assignment.pair_ranking(camp)
+    assert sorted(map(frozenset, ranked), key=sorted) == [frozenset(("s1", "s2")), frozenset(("s1", "s3"))]
+    assert {pair_of(it) for it in camp.items.all()} == set(map(frozenset, ranked))
