@@ -260,3 +260,38 @@ def test_sweeps_are_listed_linked_both_ways_live_and_cancelled_after_a_confirmat
     expect(page).to_have_url(f"{asgi_server.url}/sweeps/{tag}/")
     expect(page.locator(f"[data-status-of='{first.pk}']")).to_have_text("cancelled")
     expect(page.locator("#cancel-sweep")).to_be_hidden()  # a finished sweep offers no cancel
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_page_fits_a_phone_and_its_nav_wraps(
+    csp_page: Any, asgi_server: Any, admin: Any, login: Any
+) -> None:
+    """At 375 px: no horizontal scroll (the generations table scrolls inside its box, long text
+    wraps), and every nav link and the log-out button are on screen, none cut mid-word."""
+    from webapp.runs.ingest import ingest_metrics
+    from webapp.runs.models import Run, Sample
+
+    page = csp_page
+    run = Run.objects.create(name="phone-" + "x" * 60, config={}, created_by=admin, status="succeeded")
+    ingest_metrics(run.pk, [("train/reward_mean", s, 0.1 * s) for s in range(1, 10)])
+    Sample.objects.create(
+        run=run,
+        step=3,
+        prompt="a long prompt " * 20 + "unbroken" * 20,
+        generation="a long generation " * 30 + "nospaces" * 30,
+        reward=0.5,
+        metrics={"eval/bleu": 2.58496250072, "eval/rouge": 0.1234567},
+    )
+    page.set_viewport_size({"width": PHONE, "height": 800})
+    login(page, asgi_server.url, admin)  # an admin sees the most nav entries
+    page.goto(f"{asgi_server.url}/runs/{run.pk}/")
+    expect(page.locator("#samples-body tr")).to_have_count(1)
+    expect(page.locator("#charts .chart").first).to_be_visible()
+    assert_fits(page)
+    entries = page.locator(".topbar nav a, .userbox a, .userbox button")
+    assert entries.count() >= 6  # Runs, Compare, Sweeps, GRUE, Annotation, Admin, API tokens, Log out
+    for i in range(entries.count()):
+        entry = entries.nth(i)
+        expect(entry).to_be_in_viewport(ratio=1)
+        # Not cut: the text fits its box.
+        assert entry.evaluate("(el) => el.scrollWidth <= el.clientWidth + 1"), entry.inner_text()
