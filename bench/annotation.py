@@ -107,6 +107,10 @@ def main() -> int:
         "--think", type=float, default=0.0, help="mean think time (s) before each item; 0 = stress"
     )
     ap.add_argument("--json", help="also write the results to this JSON file")
+    ap.add_argument("--systems", type=int, default=2, help="systems per prompt (all pairs: items per prompt)")
+    ap.add_argument(
+        "--assignment", choices=["uniform", "adaptive"], default="uniform", help="campaign option"
+    )
     args = ap.parse_args()
 
     import django
@@ -122,13 +126,19 @@ def main() -> int:
     from annotation.models import Assignment, Campaign, Item, Judgment
 
     tag = f"bench-{int(time.time())}"
+    pairs_per_prompt = args.systems * (args.systems - 1) // 2
     lines = "\n".join(
         json.dumps(
-            {"prompt": f"bench prompt {i}", "outputs": {"sysA": f"answer A {i}", "sysB": f"answer B {i}"}}
+            {
+                "prompt": f"bench prompt {i}",
+                "outputs": {f"sys{k}": f"answer {k} {i}" for k in range(args.systems)},
+            }
         )
-        for i in range(args.items)
+        for i in range(-(-args.items // pairs_per_prompt))
     )
-    camp = uploads.create_campaign_from_upload(tag, lines, overlap=args.overlap)
+    camp = uploads.create_campaign_from_upload(
+        tag, lines, overlap=args.overlap, assignment_mode=args.assignment
+    )
     users = [User.objects.create_user(f"{tag}-{i}", password=None) for i in range(args.annotators)]
     for u in users:
         invites.add_member(camp, u)
