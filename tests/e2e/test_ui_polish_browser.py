@@ -295,3 +295,50 @@ def test_run_page_fits_a_phone_and_its_nav_wraps(
         expect(entry).to_be_in_viewport(ratio=1)
         # Not cut: the text fits its box.
         assert entry.evaluate("(el) => el.scrollWidth <= el.clientWidth + 1"), entry.inner_text()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_error_pages_and_empty_states_say_what_happened_and_where_to_go(
+    csp_page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    page = csp_page
+    base = asgi_server.url
+    login(page, base, researcher)
+
+    resp = page.goto(f"{base}/runs/999999/?<b>x</b>")
+    assert resp.status == 404
+    expect(page.locator(".topbar nav a", has_text="Runs")).to_be_visible()  # the site's navigation
+    expect(page.locator("#error-page h1")).to_have_text("Not found")
+    expect(page.locator("#error-links a", has_text="Sweeps")).to_be_visible()
+    page.set_viewport_size({"width": PHONE, "height": 800})
+    assert_fits(page)
+    page.set_viewport_size({"width": DESKTOP, "height": 900})
+
+    page.goto(f"{base}/launch/?preset=imdb_ppx")
+    message = page.locator(".msg-error")
+    expect(message).to_contain_text("Unknown preset “imdb_ppx”")
+    expect(message).to_contain_text("imdb_ppo")
+    expect(message).not_to_contain_text("synthetic_grpo")  # not every preset's name
+
+    page.goto(f"{base}/launch/?clone=9999")
+    expect(page.locator(".msg-error")).to_contain_text("no run #9999 to clone")
+
+    page.goto(f"{base}/grue/")
+    link = page.locator("tr td[data-algorithm='ppo'] a.launch-preset").first
+    expect(link).to_contain_text("_ppo_offline")
+    preset = link.locator("code").inner_text()
+    link.click()
+    expect(page.locator("#preset-select")).to_have_value(preset)
+    expect(page.locator(".msg-error")).to_have_count(0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_annotators_404_offers_only_annotation(
+    csp_page: Any, asgi_server: Any, annotator: Any, login: Any
+) -> None:
+    page = csp_page
+    login(page, asgi_server.url, annotator, next_url="/annotate/")
+    resp = page.goto(f"{asgi_server.url}/annotate/no-such-page/")
+    assert resp.status == 404
+    expect(page.locator("#error-links a")).to_have_count(1)
+    expect(page.locator("#error-links a")).to_have_text("Annotation")

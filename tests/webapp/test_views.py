@@ -257,7 +257,12 @@ def test_presets_are_offered_and_load(researcher_client: Client) -> None:
     r = researcher_client.get("/launch/", {"preset": "no-such-preset"})
     html = r.content.decode()
     assert r.status_code == 200
-    assert '<div class="msg msg-error">unknown preset &#x27;no-such-preset&#x27;' in html
+    assert '<div class="msg msg-error">Unknown preset “no-such-preset”. Choose one' in html
+    # (issue 26.8: a short message, close names when there are some, never all ~170 names; escaped)
+    html = researcher_client.get("/launch/", {"preset": "imdb_ppo<b>"}).content.decode()
+    assert (
+        "Unknown preset “imdb_ppo&lt;b&gt;”. Did you mean imdb_ppo" in html and "synthetic_grpo," not in html
+    )
     assert input_value(html, "model__name_or_path") == default_config()["model"]["name_or_path"]
 
 

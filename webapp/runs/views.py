@@ -9,6 +9,7 @@ the annotation app by ``researcher_required``); every state change is a POST wit
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -278,10 +279,22 @@ def launch(request: HttpRequest) -> HttpResponse:
         errors: list[str] = []
         meta_initial: dict[str, Any] = {}
         if preset:
-            try:
-                initial = load_preset(preset)
-            except ConfigError as exc:
-                errors.append(str(exc))
+            known = [p["name"] for p in list_presets()]
+            if preset not in known:
+                # The engine's message lists all ~170 names; the menu beside the form already does.
+                close = difflib.get_close_matches(preset, known, n=3)
+                hint = f" Did you mean {', '.join(close)}?" if close else " Choose one from the preset menu."
+                errors.append(f"Unknown preset “{preset}”.{hint}")
+            else:
+                try:
+                    initial = load_preset(preset)
+                except ConfigError as exc:
+                    errors.append(str(exc))
+        elif request.GET.get("clone") and cloned_from is None:
+            errors.append(
+                f"There is no run #{request.GET['clone']} to clone (deleted, or a mistyped link): "
+                "the form below starts from the defaults."
+            )
         elif cloned_from is not None:
             initial = dict(cloned_from.config)
             initial["name"] = f"{cloned_from.name} (clone)"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django import template
@@ -32,3 +33,23 @@ def metricfmt(value: Any) -> str:
 @register.filter
 def preset_prefix(task_id: str) -> str:
     return _PREFIX.get(task_id, task_id)
+
+
+@register.filter
+def cpu_preset(task_id: str, algorithm: str) -> str:
+    """The preset that fills an empty board cell on a CPU without downloads (``<task>_<algo>_offline``),
+    else the full one, else ''. Empty cells once named the GPU preset as plain text (issue 26.8); now
+    they link to the launch form with this preset loaded."""
+    names = _preset_names()
+    base = f"{preset_prefix(task_id)}_{algorithm}"
+    for name in (f"{base}_offline", base):
+        if name in names:
+            return name
+    return ""
+
+
+@functools.lru_cache(maxsize=1)
+def _preset_names() -> frozenset[str]:
+    from engine import presets  # the presets are fixed for the life of the process
+
+    return frozenset(str(p["name"]) for p in presets.list_presets())
