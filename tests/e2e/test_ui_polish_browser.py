@@ -342,3 +342,50 @@ def test_an_annotators_404_offers_only_annotation(
     assert resp.status == 404
     expect(page.locator("#error-links a")).to_have_count(1)
     expect(page.locator("#error-links a")).to_have_text("Annotation")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_page_details_follow_the_run_without_a_reload(
+    csp_page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    """After a launch from the form: "Run #N queued." goes once the run leaves the queue, and the
+    finished time appears when it ends (it said "finished —" until a reload); per-sample scores are
+    rounded like every other number on the page."""
+    import threading
+
+    from webapp.runs import lifecycle
+    from webapp.runs.models import Run, Sample
+
+    page = csp_page
+    login(page, asgi_server.url, researcher)
+    page.goto(f"{asgi_server.url}/launch/?preset=synthetic_ppo")
+    page.locator("#launch-btn").click()
+    page.wait_for_url(f"{asgi_server.url}/runs/*/")
+    run = Run.objects.get(pk=int(page.url.rstrip("/").rsplit("/", 1)[1]))
+    message = page.locator(".msg", has_text=f"Run #{run.pk} queued.")
+    expect(message).to_be_visible()
+    expect(page.locator("#ws-state")).to_have_text("live")
+    expect(page.locator("#finished-at")).to_have_text("—")
+
+    def work() -> None:
+        from django.db import connection
+
+        try:
+            assert lifecycle.claim(run.pk, task_id=run.task_id, worker="browser-test") is not None
+            lifecycle.finish(run.pk, {"iterations": 1})
+        finally:
+            connection.close()  # this thread's own connection, so the test database can be dropped
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    expect(page.locator("#status-badge")).to_have_text("succeeded")
+    expect(message).to_have_count(0)
+    finished = Run.objects.get(pk=run.pk).finished_at
+    expect(page.locator("#finished-at")).to_have_text(finished.strftime("%Y-%m-%d %H:%M:%S"))
+
+    Sample.objects.create(
+        run=run, step=1, prompt="p", generation="g", reward=0.5, metrics={"bleu": 2.58496250072}
+    )
+    page.reload()
+    expect(page.locator("#samples-body td.details")).to_have_text("bleu 2.585")

@@ -413,7 +413,8 @@ def _do_launch(
     except services.BrokerUnavailable as exc:
         messages.error(request, str(exc))
         return redirect("runs:detail", pk=exc.run.pk)
-    messages.success(request, f"Run #{run.pk} queued.")
+    # run-queued: the run page removes it once the run leaves the queue (run_live.js).
+    messages.success(request, f"Run #{run.pk} queued.", extra_tags="run-queued")
     return redirect("runs:detail", pk=run.pk)
 
 

@@ -129,7 +129,14 @@
       badge.className = "badge status-" + msg.status;
       badge.dataset.status = msg.status;
       checkPlacement(msg.status);
+      // The launch's "Run #N queued." no longer holds once the run left the queue (issue 26.9).
+      if (msg.status !== "queued") document.querySelectorAll(".msg.run-queued").forEach((m) => m.remove());
     }
+    // Started / finished times in the details, as the server renders them (UTC), without a reload.
+    [["started-at", msg.started_at], ["finished-at", msg.finished_at]].forEach(([id, iso]) => {
+      const el = document.getElementById(id);
+      if (el && iso) el.textContent = String(iso).slice(0, 19).replace("T", " ");
+    });
     const progress = typeof msg.progress === "number" ? msg.progress : null;
     if (progress !== null) {
       document.getElementById("progress-bar").style.width = Math.round(progress * 100) + "%";
@@ -169,7 +176,7 @@
   // "correct 1 · extracted 18 · gold 18".
   function detailText(metrics) {
     return Object.entries(metrics || {}).sort((a, b) => (a[0] < b[0] ? -1 : 1)).map(([k, v]) => {
-      const num = typeof v === "number" && isFinite(v) ? String(Number(v.toPrecision(12))) : "—";
+      const num = GC.fmt(v); // 4 significant digits, as the server's |metric (issue 26.9)
       return k + " " + num;
     }).join(" · ");
   }
