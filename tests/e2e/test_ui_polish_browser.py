@@ -389,3 +389,19 @@ def test_run_page_details_follow_the_run_without_a_reload(
     )
     page.reload()
     expect(page.locator("#samples-body td.details")).to_have_text("bleu 2.585")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ai_judge_template_help_shows_its_literal_braces(
+    csp_page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    """The prompt-template help says how to write a literal brace, ``{{`` and ``}}`` (Django's
+    template engine used to swallow them, leaving "; and for literal braces")."""
+    from tests.annotation.test_ai_judges import _campaign
+
+    camp = _campaign(2, "braces")
+    page = csp_page
+    detail = f"/annotate/campaigns/{camp.pk}/"
+    login(page, asgi_server.url, researcher, next_url=detail)
+    help_text = page.locator("label", has_text="Prompt template").locator("span.muted")
+    expect(help_text).to_contain_text("{response_b}; {{ and }} for literal braces")
