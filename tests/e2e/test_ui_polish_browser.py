@@ -405,3 +405,38 @@ def test_ai_judge_template_help_shows_its_literal_braces(
     login(page, asgi_server.url, researcher, next_url=detail)
     help_text = page.locator("label", has_text="Prompt template").locator("span.muted")
     expect(help_text).to_contain_text("{response_b}; {{ and }} for literal braces")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_new_api_token_has_a_copy_button_and_revoke_asks_first(
+    csp_page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    from webapp.api.models import ApiToken
+
+    page = csp_page
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    login(page, asgi_server.url, researcher, next_url="/settings/tokens/")
+    page.fill("#token-name", "cluster <b>")
+    page.locator("form button[type=submit]", has_text="Create token").click()
+    token = page.locator("#new-token")
+    expect(token).to_be_visible()
+    page.locator("#copy-token").click()
+    expect(page.locator("#copy-token")).to_have_text("Copied")
+    assert page.evaluate("() => navigator.clipboard.readText()") == token.inner_text().strip()
+
+    seen: list[str] = []
+
+    def dismiss(dialog: Any) -> None:
+        seen.append(dialog.message)
+        dialog.dismiss()
+
+    page.once("dialog", dismiss)
+    page.locator("button[name=revoke]").click()
+    expect(page.locator("button[name=revoke]")).to_be_visible()
+    assert seen and "cluster <b>" in seen[0]  # the dialog names the token
+    assert ApiToken.objects.get(name="cluster <b>").active
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("button[name=revoke]").click()
+    expect(page.locator("button[name=revoke]")).to_have_count(0)
+    assert not ApiToken.objects.get(name="cluster <b>").active
