@@ -56,3 +56,21 @@ def special_tokens(text: object) -> SafeString:
         pos = m.end()
     out.append(escape(raw[pos:]))
     return mark_safe("".join(out))  # noqa: S308 - every piece above is escaped
+
+
+@register.filter
+def metrics_text(metrics: object) -> str:
+    """An item's per-system metrics as ``bleu 0.1235 · rouge 0.5`` (4 significant digits, keys in
+    order) instead of a Python dict's repr, for the preview's researcher-only lines (issue 26.9).
+    Returns plain text: the template escapes it."""
+    if not isinstance(metrics, dict):
+        return "" if metrics is None else str(metrics)
+    parts = []
+    for key in sorted(metrics):
+        value = metrics[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            shown = str(value)
+        else:
+            shown = f"{value:.4g}"
+        parts.append(f"{key} {shown}")
+    return " · ".join(parts)

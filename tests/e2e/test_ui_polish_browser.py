@@ -440,3 +440,21 @@ def test_new_api_token_has_a_copy_button_and_revoke_asks_first(
     page.locator("button[name=revoke]").click()
     expect(page.locator("button[name=revoke]")).to_have_count(0)
     assert not ApiToken.objects.get(name="cluster <b>").active
+
+
+@pytest.mark.django_db(transaction=True)
+def test_item_preview_shows_metrics_as_text_not_dicts(
+    csp_page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    from annotation.models import Item
+    from tests.annotation.test_ai_judges import _campaign
+
+    camp = _campaign(2, "preview")
+    first = camp.items.order_by("pk").first()
+    Item.objects.filter(pk=first.pk).update(metrics_a={"bleu": 2.58496250072, "len": 12, "<b>": 1})
+    page = csp_page
+    login(page, asgi_server.url, researcher, next_url=f"/annotate/campaigns/{camp.pk}/preview/")
+    line = page.locator(f".preview-item[data-item='{first.pk}'] p.muted")
+    expect(line).to_contain_text("(<b> 1 · bleu 2.585 · len 12)")
+    for text in page.locator(".preview-item p.muted").all_inner_texts():
+        assert "{" not in text and "}" not in text, text
