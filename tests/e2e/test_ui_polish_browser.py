@@ -6,6 +6,7 @@ timed."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,7 +100,7 @@ TRACE_COLOURS = """(sel) => Array.from(document.querySelectorAll(sel)).map((el) 
 }))"""
 
 
-def _metric_runs(researcher: Any) -> list[Any]:
+def _metric_runs(researcher: Any, suffix: str = " <b>x</b>") -> list[Any]:
     """Three runs reporting overlapping subsets of three metrics, as a PPO, an A2C and a GRPO run do:
     a colour handed out by position among the runs that report a metric differs from chart to chart."""
     from webapp.runs.ingest import ingest_metrics
@@ -137,7 +138,8 @@ def test_each_run_has_one_colour_in_every_compare_chart_with_a_legend(
     for chart in page.evaluate(TRACE_COLOURS, "#charts .chart[data-key]"):
         for name, colour in chart["traces"]:
             colour_of.setdefault(name, set()).add(colour)
-    names = {f"#{r.pk} {r.name}" for r in runs}
+    # Plotly renders HTML in trace names: run names go in escaped (a "<b>x</b>" run showed a bold x).
+    names = {html.escape(f"#{r.pk} {r.name}", quote=False) for r in runs}
     assert set(colour_of) == names
     assert all(len(c) == 1 for c in colour_of.values()), colour_of  # one colour per run everywhere
     assert len({next(iter(c)) for c in colour_of.values()}) == 3  # and different runs differ
@@ -147,7 +149,7 @@ def test_each_run_has_one_colour_in_every_compare_chart_with_a_legend(
     for run, item in zip(runs, legend.all(), strict=True):
         expect(item).to_contain_text(f"#{run.pk} {run.name}")  # the name as text, escaped
         swatch = item.locator(".swatch").evaluate("(el) => getComputedStyle(el).backgroundColor")
-        (colour,) = colour_of[f"#{run.pk} {run.name}"]
+        (colour,) = colour_of[html.escape(f"#{run.pk} {run.name}", quote=False)]
         assert swatch == _rgb(colour)
     assert_fits(page)
 
@@ -458,3 +460,52 @@ def test_item_preview_shows_metrics_as_text_not_dicts(
     expect(line).to_contain_text("(<b> 1 · bleu 2.585 · len 12)")
     for text in page.locator(".preview-item p.muted").all_inner_texts():
         assert "{" not in text and "}" not in text, text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_screenshots_for_the_docs(csp_page: Any, asgi_server: Any, researcher: Any, login: Any) -> None:
+    """With ``GRUE_SCREENSHOTS=<dir>``: the docs/ui.md screenshots (launch form, compare view, sweep
+    list, run page) at 1280 px, the first screen of each. Skipped otherwise."""
+    import os
+    from pathlib import Path
+
+    from webapp.runs.ingest import ingest_metrics
+    from webapp.runs.models import Run, Sample
+
+    out = os.environ.get("GRUE_SCREENSHOTS")
+    if not out:
+        pytest.skip("set GRUE_SCREENSHOTS=<dir> to write the docs' screenshots")
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    page = csp_page
+    page.set_viewport_size({"width": DESKTOP, "height": 760})
+    runs = _metric_runs(researcher, suffix="-lr3e-5")
+    for i, run in enumerate(runs):
+        ingest_metrics(run.pk, [("train/reward_mean", s, 0.1 * s + 0.05 * i) for s in range(6, 40)])
+    Sample.objects.create(
+        run=runs[0], step=5, prompt="Numbers: 3 4", generation="5 6 7 8", reward=0.83, metrics={"bleu": 0.41}
+    )
+    tag = "sweep:lr-seed-1a2b"
+    for i, lr in enumerate((1e-5, 3e-5, 1e-4)):
+        run = Run.objects.create(
+            name=f"lr-seed-{i}",
+            config={"algorithm": {"learning_rate": lr}},
+            created_by=researcher,
+            status="succeeded" if i else "running",
+            tags=[tag],
+        )
+        ingest_metrics(run.pk, [("train/reward_mean", 5, 0.2 + 0.1 * i)])
+    login(page, asgi_server.url, researcher)
+    page.goto(f"{asgi_server.url}/launch/?preset=synthetic_grpo")
+    page.locator("#section-tabs a[data-section='algorithm']").click()
+    page.screenshot(path=str(folder / "ui-launch-form.png"))
+    page.goto(f"{asgi_server.url}/compare/?ids={','.join(str(r.pk) for r in runs)}")
+    expect(page.locator("#charts .chart[data-points]").first).to_be_visible()
+    expect(page.locator("#charts .chart .main-svg").first).to_be_visible()
+    page.screenshot(path=str(folder / "ui-compare.png"))
+    page.goto(f"{asgi_server.url}/sweeps/")
+    expect(page.locator("#sweep-list")).to_be_visible()
+    page.screenshot(path=str(folder / "ui-sweep-list.png"))
+    page.goto(f"{asgi_server.url}/runs/{runs[0].pk}/")
+    expect(page.locator("#charts .chart .main-svg").first).to_be_visible()
+    page.screenshot(path=str(folder / "ui-run-page.png"))

@@ -64,6 +64,13 @@
     if (queued) setTimeout(drain, 0);
   }
 
+  // Plotly renders a subset of HTML in trace names, hover text and titles (<b>, <a href>, <br>):
+  // a run named "<b>x</b>" showed a bold x. Names are user text, so they go in escaped; Plotly
+  // decodes the entities back to the literal characters.
+  function plotlyText(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
   function sortedXY(map) {
     const xs = Array.from(map.keys()).sort((a, b) => a - b);
     return { x: xs, y: xs.map((k) => map.get(k)) };
@@ -135,7 +142,8 @@
       // SVG always: WebGL traces (scattergl) compile their draw calls with `new Function`, which the
       // app's Content-Security-Policy forbids, and a zoomed range is capped at 5,000 points per series.
       const kind = "scatter";
-      this.series.forEach((s, name) => {
+      this.series.forEach((s, rawName) => {
+        const name = plotlyText(rawName);
         const src = this.zoomRange && s.zoom ? s.zoom : s.points;
         const { x, y } = sortedXY(src);
         out.push({ x: x, y: y, name: name, type: kind, mode: x.length < 40 ? "lines+markers" : "lines",
@@ -214,5 +222,5 @@
   }
 
   global.GrueCharts = { ChartGroup: ChartGroup, ema: ema, groupOf: groupOf, formatDuration: formatDuration, fmt: fmt,
-    AXIS: AXIS };
+    AXIS: AXIS, plotlyText: plotlyText };
 })(window);

@@ -10,6 +10,8 @@
   const src = document.getElementById("sweep-data");
   if (!el || !src || !window.Plotly) return;
   const data = JSON.parse(src.textContent);
+  // Plotly renders a subset of HTML in names and hover text: run names and values go in escaped.
+  const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   const fmt = (v) => (typeof v === "number" ? Number(v.toPrecision(4)).toString() : String(v));
   function axis(label, values) {
     if (values.every((v) => typeof v === "number")) {
@@ -33,22 +35,22 @@
     mode: "lines+markers",
     x: xs,
     y: axes.map((a) => a.pos[k]),
-    name: r.name,
+    name: esc(r.name),
     line: { color: r.color, width: 2 },
     marker: { size: 7 },
-    text: axes.map((a, i) => `${r.name}<br>${a.label} = ${fmt(i < data.paths.length ? r.values[i] : r.metric)}`),
+    text: axes.map((a, i) => `${esc(r.name)}<br>${esc(a.label)} = ${esc(fmt(i < data.paths.length ? r.values[i] : r.metric))}`),
     hoverinfo: "text",
   }));
   const notes = [];
   axes.forEach((a, i) => {
-    notes.push({ x: i, y: 1.04, text: a.high, showarrow: false, yanchor: "bottom", font: { size: 11 } });
-    notes.push({ x: i, y: -0.04, text: a.low, showarrow: false, yanchor: "top", font: { size: 11 } });
+    notes.push({ x: i, y: 1.04, text: esc(a.high), showarrow: false, yanchor: "bottom", font: { size: 11 } });
+    notes.push({ x: i, y: -0.04, text: esc(a.low), showarrow: false, yanchor: "top", font: { size: 11 } });
   });
   const shapes = xs.map((x) => ({ type: "line", x0: x, x1: x, y0: 0, y1: 1, line: { color: "#999", width: 1 } }));
   window.Plotly.react(el, traces, {
     margin: { l: 40, r: 40, t: 30, b: 70 },
     showlegend: false,
-    xaxis: { tickvals: xs, ticktext: axes.map((a) => a.label), zeroline: false, showgrid: false, fixedrange: true, side: "bottom" },
+    xaxis: { tickvals: xs, ticktext: axes.map((a) => esc(a.label)), zeroline: false, showgrid: false, fixedrange: true, side: "bottom" },
     yaxis: { visible: false, range: [-0.15, 1.15], fixedrange: true },
     annotations: notes,
     shapes: shapes,
