@@ -113,9 +113,7 @@ def _metric_runs(researcher: Any, suffix: str = " <b>x</b>") -> list[Any]:
     }
     runs = []
     for name, keys in reports.items():
-        run = Run.objects.create(
-            name=f"{name} <b>x</b>", config={}, created_by=researcher, status="succeeded"
-        )
+        run = Run.objects.create(name=f"{name}{suffix}", config={}, created_by=researcher, status="succeeded")
         ingest_metrics(run.pk, [(k, s, 0.1 * s) for k in keys for s in range(1, 6)])
         runs.append(run)
     return runs
