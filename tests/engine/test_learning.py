@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,9 @@ RL = {
 }
 # NLPO: PPO's settings with a mask that really restricts the action space: the top 10 % of the masking
 # policy's mass (the random tiny model is nearly uniform: 7.5 % of the vocabulary, so 92.5 % of the tokens
-# are cut at every step), never fewer than RL4LMs's 100 tokens, not refreshed within the 10 iterations
-# (RL4LMs refreshes every 20; why a frequent refresh fails here: below).
-NLPO_MASK = {"top_mask": 0.1, "min_tokens_to_keep": 100, "mask_update_interval": 10}
+# are cut at every step), never fewer than RL4LMs's 100 tokens, refreshed every 20 iterations as RL4LMs
+# does, so never within a run here (why a frequent refresh fails: below).
+NLPO_MASK = {"top_mask": 0.1, "min_tokens_to_keep": 100, "mask_update_interval": 20}
 
 # Measured while choosing the thresholds (fp32 CPU, torch 2.13, one thread, these settings; "first" = mean of
 # the first two iterations, "last" = mean of the last three; the tests run seed 0):
@@ -93,13 +94,15 @@ NLPO_MASK = {"top_mask": 0.1, "min_tokens_to_keep": 100, "mask_update_interval":
 # iteration varies a lot between seeds.
 
 
-def _rl_run(small_config, tmp_path: Path, algo: str, reward_id: str) -> tuple[list[float], list[float]]:
+def _rl_run(
+    small_config, tmp_path: Path, algo: str, reward_id: str, seed: int = 0, n_iters: int = N_ITERS
+) -> tuple[list[float], list[float]]:
     over = json.loads(json.dumps(RL))
     over["algorithm"]["id"] = algo
     over["algorithm"]["nlpo"] = NLPO_MASK
     over["reward"] = {"id": reward_id}
-    out = tmp_path / f"{algo}-{reward_id}"
-    over["train"]["output_dir"] = str(out)
+    out = tmp_path / f"{algo}-{reward_id}-{seed}"
+    over["train"].update(output_dir=str(out), seed=seed, n_iters=n_iters)
     engine.train(small_config(**over))
     return _series(out, "train/reward_mean"), _series(out, "rollout/support_frac")
 
@@ -122,9 +125,9 @@ def _ends(series: list[float]) -> tuple[float, float]:
 # tokens, 8 its.): seeds 1, 2 at 0.00 from iteration 3; RL4LMs's 100, refresh every 2 (32 prompts x 2
 # tokens): last 0.61/0.01/0.65/0.59/0.00. Not refreshed, 32 x 2 tokens, 8 its.: 0.04/0.84/0.58/1.00/0.59
 # (seed 0 had not taken off). NLPO_MASK with PPO's settings (10 its.): see the measurements above.
-@pytest.mark.parametrize("algo", ["ppo", "nlpo"])
+@pytest.mark.parametrize("algo", ["ppo"])
 def test_rl_raises_mean_reward_and_beats_a_shuffled_control(small_config, tmp_path, algo):
-    rewards_pos, support = _rl_run(small_config, tmp_path, algo, "digit_fraction")
+    rewards_pos, _ = _rl_run(small_config, tmp_path, algo, "digit_fraction")
     rewards_ctl, _ = _rl_run(small_config, tmp_path, algo, CONTROL_REWARD)
     assert len(rewards_pos) == len(rewards_ctl) == N_ITERS
     first_pos, last_pos = _ends(rewards_pos)
@@ -135,8 +138,50 @@ def test_rl_raises_mean_reward_and_beats_a_shuffled_control(small_config, tmp_pa
     # the real reward is learned, far beyond the control
     assert last_pos > first_pos + 0.3, rewards_pos
     assert last_pos > last_ctl + 0.3, (rewards_pos, rewards_ctl)
-    if algo == "nlpo":  # the mask cut over 90 % of the vocabulary at every step of every rollout
-        assert len(support) == N_ITERS and 0.0 < min(support) and max(support) < 0.1, support
+
+
+NLPO_SEEDS = (0, 1, 2, 3, 4)
+NLPO_ITERS = 14
+# NLPO over five seeds, 14 iterations, after PPO/NLPO moved to per-minibatch advantage normalisation (SB3,
+# 2026-12-01; fp32, one thread; digit share per iteration; peak = highest iteration, last = mean of the
+# last three):
+#   seed 0: 0.03 ... 0.12, 0.38, 0.66, 0.83, 1.00, 0.56, 1.00, 0.03, 0.00      peak 1.00, last 0.34
+#   seed 1: 0.01 for 9 iterations, then 0.13, 0.20, 0.18, 0.21, 0.26             peak 0.26, last 0.23
+#   seed 2: 0.005 ... 0.12, 0.54, 0.34, 0.75, 1.00, 0.47, 0.62                   peak 1.00, last 0.70
+#   seed 3: 0.03 ... 0.07, 0.51, 0.74, 0.79, 0.82, 0.80, 0.82, 0.82, 0.82        peak 0.82, last 0.82
+#   seed 4: 0.04, 0.02, 0.14, 0.11, 0.34, 0.54, 0.64, 0.68, 0.76, 0.71, 0.80 x 4  peak 0.80, last 0.80
+#   shuffled control, seed 0: 0.03, 0.05, 0.03, 0.02, 0.02, then 0.00 from iteration 6   peak 0.05, last 0.00
+# Medians: peak 0.82, last 0.70, first 0.02. Why one seed is not enough, and why the last iterations alone
+# are not the criterion:
+# - The take-off iteration varies from 3 to 10 between seeds (seed 1 only starts at 10). With the earlier
+#   once-per-rollout normalisation seed 2 of 0-7 never took off: the absorbing state described above.
+# - A policy that has learned can fall off again (seed 0 at iterations 11-14): once every episode scores 1,
+#   the advantages are the value head's errors only, and normalising them per minibatch scales that noise
+#   to unit size, so the step at lr 5e-2 is as large as a learning step in a random direction; a step that
+#   leaves the digits lands in the all-zero absorbing state. This is the learning rate and the
+#   normalisation at this toy scale, not a wrong sign (test_penalty_and_sign.py pins the sign).
+# So the test asserts the median over five seeds of the peak (it learned at some point; the control never
+# does) and a median final level well above the control's, which two failing seeds cannot move.
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # six 14-iteration NLPO runs: ~6 min on a quiet 2-core CPU
+def test_nlpo_raises_the_median_reward_over_seeds_and_beats_a_shuffled_control(small_config, tmp_path):
+    runs = [_rl_run(small_config, tmp_path, "nlpo", "digit_fraction", s, NLPO_ITERS) for s in NLPO_SEEDS]
+    control, _ = _rl_run(small_config, tmp_path, "nlpo", CONTROL_REWARD, 0, NLPO_ITERS)
+    assert all(len(r) == NLPO_ITERS for r, _ in runs) and len(control) == NLPO_ITERS
+    firsts = [_ends(r)[0] for r, _ in runs]
+    peaks = [max(r) for r, _ in runs]
+    lasts = [_ends(r)[1] for r, _ in runs]
+    first_ctl, last_ctl = _ends(control)
+    assert statistics.median(firsts) < 0.1 and first_ctl < 0.1, (firsts, control)
+    # the control has the same rewards without their relation to the text: it never rises
+    assert max(control) < first_ctl + 0.1, control
+    # learned (median peak 0.82 measured) and still far above the control at the end (median 0.70)
+    assert statistics.median(peaks) > statistics.median(firsts) + 0.4, [r for r, _ in runs]
+    assert statistics.median(lasts) > last_ctl + 0.15, ([r for r, _ in runs], control)
+    for _, support in runs:  # the mask cut over 90 % of the vocabulary at every step of every rollout
+        assert len(support) == NLPO_ITERS and 0.0 < min(support) and max(support) < 0.1, support
 
 
 @pytest.mark.parametrize("model", ["builtin:tiny-gpt2", "builtin:tiny-t5"])
