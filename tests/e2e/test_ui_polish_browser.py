@@ -507,3 +507,28 @@ def test_screenshots_for_the_docs(csp_page: Any, asgi_server: Any, researcher: A
     page.goto(f"{asgi_server.url}/runs/{runs[0].pk}/")
     expect(page.locator("#charts .chart .main-svg").first).to_be_visible()
     page.screenshot(path=str(folder / "ui-run-page.png"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_is_made_by_picking_fields_and_values_in_a_form(
+    csp_page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    """The new-sweep page's fields form (the YAML stays as the advanced view): three learning rates,
+    the example's seed row cleared, launched as three runs varying only the learning rate."""
+    page = csp_page
+    login(page, asgi_server.url, researcher, next_url="/sweeps/new/")
+    expect(page.locator("#field-path-0")).to_have_value("algorithm.learning_rate")
+    expect(page.locator("#field-path-1")).to_have_value("train.seed")
+    page.fill("#field-values-0", "1e-5, 3e-5, 1e-4")
+    page.fill("#field-path-1", "")
+    page.fill("#field-values-1", "")
+    page.locator("#fields-to-yaml").click()  # the form written into the YAML view, nothing queued
+    expect(page.locator("textarea[name=sweep_yaml]")).to_contain_text("- 3.0e-05")
+    expect(page.locator("textarea[name=sweep_yaml]")).not_to_contain_text("train.seed")
+    page.locator("#launch-fields").click()
+    page.wait_for_url(f"{asgi_server.url}/sweeps/sweep*/")
+    expect(page.locator("#sweep-table tbody tr")).to_have_count(3)
+    headers = page.locator("#sweep-table thead th code")
+    expect(headers).to_have_count(1)
+    expect(headers).to_have_text("algorithm.learning_rate")
+    assert_fits(page)

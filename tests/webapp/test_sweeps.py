@@ -179,3 +179,31 @@ def test_sweep_list_status_and_cancel_confirmation_need_a_researcher_and_escape_
     confirm = researcher_client.get(urls[2]).content.decode()
     assert "&lt;script&gt;" in confirm and 'id="confirm-cancel-sweep"' in confirm
     assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
+
+
+def test_fields_form_replaces_swept_values_and_keeps_ranges_and_base():
+    """The new-sweep fields form (issue 26.3) writes its rows into the document: values typed as
+    text become numbers (1e-5 too, which YAML 1.1 reads as a string), ranges and the base config
+    stay, and a field without values or no field at all is an error naming it."""
+    text = yaml.safe_dump(
+        {
+            "name": "s",
+            "method": "random",
+            "count": 3,
+            "parameters": {"train.seed": {"values": [0, 1]}, "kl.init_kl_coef": {"min": 0.01, "max": 0.2}},
+            "config": tiny_run_config(2, "base"),
+        }
+    )
+    assert sweeps.fields_from_text(text)["rows"][0] == {"path": "train.seed", "values": "0, 1"}
+    out = yaml.safe_load(
+        sweeps.text_with_fields(text, "random", "4", [("algorithm.learning_rate", "1e-5, 3e-5"), ("", "")])
+    )
+    assert out["parameters"] == {
+        "kl.init_kl_coef": {"min": 0.01, "max": 0.2},
+        "algorithm.learning_rate": {"values": [1e-5, 3e-5]},
+    }
+    assert out["count"] == 4 and out["config"] == tiny_run_config(2, "base")
+    with pytest.raises(sweeps.SweepError, match="train.seed at least one value"):
+        sweeps.text_with_fields(text, "grid", "", [("train.seed", " , ")])
+    with pytest.raises(sweeps.SweepError, match="needs a count"):
+        sweeps.text_with_fields(text, "random", "", [("train.seed", "1")])

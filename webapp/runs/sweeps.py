@@ -211,3 +211,83 @@ def sweep_status(tag: str, metric: str) -> dict[str, Any]:
         "cancellable": sum(1 for r in runs if lifecycle.can_cancel(r)),
         "active": any(r.status in ACTIVE_STATUSES for r in runs),
     }
+
+
+#: Rows of the new-sweep page's "fields to vary" form.
+FIELD_ROWS = 4
+
+
+def parse_value(text: str) -> Any:
+    """One value typed into the fields form: an int, a float (``1e-5`` included, which YAML 1.1
+    reads as a string), true/false, null, else the text itself."""
+    text = text.strip()
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("null", "none", "~"):
+        return None
+    return text
+
+
+def _sweep_doc(text: str) -> dict[str, Any]:
+    try:
+        data = yamlio.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        raise SweepError(f"sweep: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SweepError("sweep: the YAML must be a mapping (name, method, parameters, config)")
+    return data
+
+
+def fields_from_text(text: str) -> dict[str, Any]:
+    """The fields form's initial values from a sweep document: method, count and one row per swept
+    path with a ``values`` list (ranges stay in the YAML, which the page shows beside the form)."""
+    try:
+        data = _sweep_doc(text)
+    except SweepError:
+        data = {}
+    params = data.get("parameters") if isinstance(data.get("parameters"), dict) else {}
+    rows = [
+        {"path": str(path), "values": ", ".join("null" if v is None else str(v) for v in spec["values"])}
+        for path, spec in params.items()
+        if isinstance(spec, dict) and isinstance(spec.get("values"), list)
+    ][:FIELD_ROWS]
+    rows += [{"path": "", "values": ""}] * (FIELD_ROWS - len(rows))
+    method = data.get("method") if data.get("method") in ("grid", "random") else "grid"
+    return {"method": method, "count": data.get("count") or "", "rows": rows}
+
+
+def text_with_fields(text: str, method: str, count: str, rows: list[tuple[str, str]]) -> str:
+    """The sweep document ``text`` with its method, count and swept values replaced by the fields
+    form's (issue 26.3: pick the fields and values in a form; the YAML stays the advanced view, and
+    its ranges and base config are kept). Raises SweepError when no field is chosen."""
+    data = _sweep_doc(text)
+    old = data.get("parameters") if isinstance(data.get("parameters"), dict) else {}
+    params: dict[str, Any] = {
+        path: spec for path, spec in old.items() if not (isinstance(spec, dict) and "values" in spec)
+    }
+    for path, values in rows:
+        path = path.strip()
+        items = [parse_value(v) for v in values.split(",") if v.strip()]
+        if path and items:
+            params[path] = {"values": items}
+        elif path:
+            raise SweepError(f"sweep: give {path} at least one value (comma-separated)")
+    if not params:
+        raise SweepError("sweep: choose at least one field to vary, with its values")
+    data["method"] = method if method in ("grid", "random") else "grid"
+    if data["method"] == "random":
+        if not str(count).strip().isdigit() or int(count) < 1:
+            raise SweepError("sweep: method random needs a count of runs (1 or more)")
+        data["count"] = int(count)
+    else:
+        data.pop("count", None)
+    data["parameters"] = params
+    order = ["name", "method", "count", "seed", "metric", "parameters"]
+    ordered = {k: data[k] for k in order if k in data} | {k: v for k, v in data.items() if k not in order}
+    return yaml.safe_dump(ordered, sort_keys=False, allow_unicode=True)

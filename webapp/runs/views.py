@@ -46,6 +46,7 @@ from webapp.runs.forms import (
     list_presets,
     load_preset,
     load_yaml_text,
+    schema_fields,
     unknown_keys,
 )
 from webapp.runs.models import ACTIVE_STATUSES, Checkpoint, Run, RunLog, RunStatus
@@ -165,17 +166,41 @@ def sweep_new(request: HttpRequest) -> HttpResponse:
     """A sweep in the CLI's format (engine/sweep.py) with its base config inline: every run is
     validated, then all are queued together, tagged ``sweep:<name>-<id>``."""
     text, error = sweeps.EXAMPLE, ""
+    fields: dict[str, Any] | None = None
     if request.method == "POST":
         text = request.POST.get("sweep_yaml", "")
+        action = request.POST.get("action", "launch")
         try:
-            tag, runs = sweeps.launch_sweep(text, request.user)
+            if action in ("launch_fields", "fields_to_yaml"):
+                # The fields form: its rows replace the document's swept values (ranges and base kept).
+                rows = [
+                    (request.POST.get(f"field_path_{i}", ""), request.POST.get(f"field_values_{i}", ""))
+                    for i in range(sweeps.FIELD_ROWS)
+                ]
+                fields = {
+                    "method": request.POST.get("method", "grid"),
+                    "count": request.POST.get("count", ""),
+                    "rows": [{"path": p, "values": v} for p, v in rows],
+                }
+                text = sweeps.text_with_fields(text, fields["method"], fields["count"], rows)
+                fields = None  # the new text is the source of the form from here on
+            if action != "fields_to_yaml":
+                tag, runs = sweeps.launch_sweep(text, request.user)
+                messages.success(request, f"Sweep queued: {len(runs)} runs.")
+                return redirect("runs:sweep", tag=tag)
         except (SweepError, services.ServiceError) as exc:
             error = str(exc)
-        else:
-            messages.success(request, f"Sweep queued: {len(runs)} runs.")
-            return redirect("runs:sweep", tag=tag)
+    paths = [s.path for s in schema_fields() if s.kind in ("int", "float", "enum", "bool", "str")]
     return render(
-        request, "runs/sweep_new.html", {"sweep_yaml": text, "error": error, "max_runs": sweeps.MAX_RUNS}
+        request,
+        "runs/sweep_new.html",
+        {
+            "sweep_yaml": text,
+            "error": error,
+            "max_runs": sweeps.MAX_RUNS,
+            "fields": fields or sweeps.fields_from_text(text),
+            "paths": paths,
+        },
     )
 
 
