@@ -31,7 +31,7 @@ def csp_page(browser: Any) -> Iterator[Any]:
     pg.set_default_timeout(30_000)
     pg.add_init_script(RECORD_VIOLATIONS)
     yield pg
-    assert pg.evaluate("() => window.__csp") == []
+    assert pg.evaluate("() => window.__csp || []") == []  # (about:blank when a test skipped early)
     context.close()
 
 
@@ -232,8 +232,10 @@ def test_sweeps_are_listed_linked_both_ways_live_and_cancelled_after_a_confirmat
     chart = page.locator("#sweep-parcoords")
     expect(chart).to_have_attribute("data-drawn", "2")
     for width in (DESKTOP, PHONE):
+        # Loaded at each width, as a phone would: measured once the chart says it is drawn.
         page.set_viewport_size({"width": width, "height": 900})
-        expect(chart.locator(".main-svg").first).to_be_visible()
+        page.reload()
+        expect(chart).to_have_attribute("data-drawn", "2")
         card = page.locator(".sweep-chart-card").bounding_box()
         svg = chart.locator(".main-svg").first.evaluate("(el) => el.getBoundingClientRect().right")
         assert svg <= card["x"] + card["width"]
