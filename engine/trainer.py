@@ -325,25 +325,28 @@ class Trainer:
         """``policy/param_drift``: ‖θ − θ₀‖ / ‖θ₀‖ of the language model's weights against the frozen
         reference (the policy at the start of RL). Why: a scaled learning rate is only comparable with
         RL4LMs's if the drift it causes is (docs/reproduction.md, "Learning rate"); measured, not argued.
-        Skipped where the reference is not the starting policy's own copy (LoRA, another model, FSDP)."""
+        Under FSDP each rank sums its own shards (policy and reference are sharded alike) and the sums
+        are all-reduced. Skipped where the reference is not the starting policy's copy (LoRA, another model)."""
         ref = self.ref_lm
-        if (
-            ref is None
-            or self.lora
-            or self.ref_path
-            or distributed.is_sharded()
-            or not hasattr(ref, "named_parameters")
-        ):
+        if ref is None or self.lora or self.ref_path or not hasattr(ref, "named_parameters"):
             return {}
         ref_params = dict(ref.named_parameters())
-        diff = base = 0.0
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         with torch.no_grad():
             for name, p in self.policy.lm.named_parameters():
                 p0 = ref_params.get(name)
-                if p0 is None or p0.shape != p.shape:
+                if p0 is None:
                     continue
-                diff += float(torch.sum((p.detach().float() - p0.float()) ** 2))
-                base += float(torch.sum(p0.float() ** 2))
+                a, b = p.detach(), p0.detach()
+                a = a.to_local() if hasattr(a, "to_local") else a  # an FSDP shard (DTensor)
+                b = b.to_local() if hasattr(b, "to_local") else b
+                if a.shape != b.shape:
+                    continue
+                sums[0] += torch.sum((a.double() - b.double()) ** 2)
+                sums[1] += torch.sum(b.double() ** 2)
+        if distributed.is_sharded():
+            sums = distributed.all_sum(sums)
+        diff, base = float(sums[0]), float(sums[1])
         return {"policy/param_drift": math.sqrt(diff / base)} if base > 0 else {}
 
     def _policy_state(self) -> dict[str, Any]:

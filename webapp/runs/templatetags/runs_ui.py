@@ -29,6 +29,25 @@ def metric(value: Any) -> str:
 
 
 @register.filter
+def detail(value: Any) -> str:
+    """A per-sample detail (a score, or a value a reward extracted, e.g. a maths answer): whole numbers
+    exactly, others to 4 decimals (4 significant digits below 1). Why not ``|metric``'s 4 significant
+    digits: an extracted answer 1250.5 shown as 1250 would contradict its verdict ("correct 0 · gold 1250")."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    f = float(value)
+    if not math.isfinite(f):
+        return "—"
+    if f.is_integer() and abs(f) < 1e15:
+        return str(int(f))
+    if abs(f) < 1:
+        return f"{f:.4g}"
+    return f"{round(f, 4)}" if abs(f) < 1e15 else f"{f:.6g}"
+
+
+@register.filter
 def percent(value: Any) -> str:
     try:
         return f"{100 * float(value):.0f}%"

@@ -174,9 +174,20 @@
 
   // A row's per-sample scores by name (as the server renders them), e.g. the maths reward's
   // "correct 1 · extracted 18 · gold 18".
+  // A per-sample detail: whole numbers exactly (an extracted answer must read as extracted), others
+  // to 4 decimals (4 significant digits below 1); the same rule as the server's |detail filter.
+  function detailNum(v) {
+    if (v === null || v === undefined || v === "") return "—";
+    if (typeof v !== "number") return String(v);
+    if (!isFinite(v)) return "—";
+    if (Number.isInteger(v)) return String(v);
+    if (Math.abs(v) < 1) return String(Number(v.toPrecision(4)));
+    return String(Number(v.toFixed(4)));
+  }
+
   function detailText(metrics) {
     return Object.entries(metrics || {}).sort((a, b) => (a[0] < b[0] ? -1 : 1)).map(([k, v]) => {
-      const num = GC.fmt(v); // 4 significant digits, as the server's |metric (issue 26.9)
+      const num = detailNum(v); // as the server's |detail (issue 26.9)
       return k + " " + num;
     }).join(" · ");
   }
