@@ -463,19 +463,19 @@ def test_item_preview_shows_metrics_as_text_not_dicts(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_screenshots_for_the_docs(csp_page: Any, asgi_server: Any, researcher: Any, login: Any) -> None:
-    """With ``GRUE_SCREENSHOTS=<dir>``: the docs/ui.md screenshots (launch form, compare view, sweep
-    list, run page) at 1280 px, the first screen of each. Skipped otherwise."""
+def test_screenshots_for_the_docs(
+    csp_page: Any, asgi_server: Any, researcher: Any, login: Any, tmp_path: Any
+) -> None:
+    """The docs/ui.md screenshots (launch form, compare view, sweep list, run page) at 1280 px, the
+    first screen of each, with the CSP enforced: into ``GRUE_SCREENSHOTS=<dir>`` to refresh the docs,
+    else into a temporary folder (the pages must still render and the pictures be real PNGs)."""
     import os
     from pathlib import Path
 
     from webapp.runs.ingest import ingest_metrics
     from webapp.runs.models import Run, Sample
 
-    out = os.environ.get("GRUE_SCREENSHOTS")
-    if not out:
-        pytest.skip("set GRUE_SCREENSHOTS=<dir> to write the docs' screenshots")
-    folder = Path(out)
+    folder = Path(os.environ.get("GRUE_SCREENSHOTS") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
     page = csp_page
     page.set_viewport_size({"width": DESKTOP, "height": 760})
@@ -509,6 +509,9 @@ def test_screenshots_for_the_docs(csp_page: Any, asgi_server: Any, researcher: A
     page.goto(f"{asgi_server.url}/runs/{runs[0].pk}/")
     expect(page.locator("#charts .chart .main-svg").first).to_be_visible()
     page.screenshot(path=str(folder / "ui-run-page.png"))
+    for name in ("ui-launch-form", "ui-compare", "ui-sweep-list", "ui-run-page"):
+        data = (folder / f"{name}.png").read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5_000, name
 
 
 @pytest.mark.django_db(transaction=True)
