@@ -1,0 +1,106 @@
+"""The over-optimisation watch on hand-made series: alignment on √KL, the warning's rule (gold falls
+N evaluations in a row while the proxy rises), the best evaluation and checkpoint by gold, and the
+``gold`` evaluation metric that scores any registered reward (here a rubric) on evaluations only."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from engine import overopt
+from engine.metrics import build_metrics, compute_all
+from engine.overopt import Point, align, falling_episodes, watch
+
+# Gao et al.'s shape: the proxy climbs all along, the gold rises, peaks at step 40, then falls.
+STEPS = [0, 10, 20, 30, 40, 50, 60, 70, 80]
+PROXY = dict(zip(STEPS, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]))
+GOLD = dict(zip(STEPS, [0.30, 0.40, 0.50, 0.55, 0.60, 0.58, 0.52, 0.45, 0.40]))
+
+
+def _pts(gold, proxy):
+    return [Point(i, p, g, None) for i, (g, p) in enumerate(zip(gold, proxy))]
+
+
+def test_gold_falling_while_proxy_rises_warns_with_the_steps():
+    w = watch(GOLD, PROXY, falls=3)
+    assert w.best is not None and w.best.step == 40 and w.best.gold == 0.60
+    [e] = w.episodes
+    assert (e.start_step, e.end_step, e.falls) == (40, 80, 4)
+    assert e.gold_drop == pytest.approx(0.20) and e.proxy_rise == pytest.approx(0.40)
+    assert "4 consecutive evaluations (steps 40–80" in w.warning and "still falling" in w.warning
+
+
+def test_no_warning_below_n_falls_or_when_the_proxy_fell_too():
+    assert watch(GOLD, PROXY, falls=5).warning is None  # four falls only
+    falling_proxy = {s: 1 - v for s, v in PROXY.items()}
+    assert watch(GOLD, falling_proxy, falls=3).warning is None  # both fell: not over-optimisation
+    # a tie breaks the run of falls: 0.6 -> 0.5 -> 0.5 -> 0.4 is never three strict falls in a row
+    assert falling_episodes(_pts([0.6, 0.5, 0.5, 0.4, 0.3], [1, 2, 3, 4, 5]), 3) == []
+    # a missing proxy cannot show that the proxy rose
+    assert falling_episodes(_pts([0.9, 0.8, 0.7, 0.6], [None, 2, 3, 4]), 3) == []
+
+
+def test_exactly_n_falls_warns_and_earlier_stretches_are_counted():
+    gold = [0.9, 0.8, 0.7, 0.6, 0.9, 0.8, 0.7, 0.6, 0.7]
+    episodes = falling_episodes(_pts(gold, list(range(9))), 3)
+    assert [(e.start_step, e.end_step) for e in episodes] == [(0, 3), (4, 7)]
+    w = watch(dict(enumerate(gold)), dict(enumerate(range(9))), falls=3)
+    assert "2 such stretches" in w.warning and "still falling" not in w.warning  # it recovered at 8
+    with pytest.raises(ValueError, match="falls must be at least 1"):
+        falling_episodes([], 0)
+
+
+def test_sqrt_kl_is_taken_at_the_latest_training_step_at_or_before_each_evaluation():
+    kl = {1: 0.0, 5: 4.0, 9: 9.0, 10: 16.0, 11: float("nan")}
+    pts = align({0: 1.0, 5: 2.0, 8: 3.0, 10: 4.0, 12: float("nan")}, {5: 0.5}, kl)
+    assert [(p.step, p.sqrt_kl, p.proxy) for p in pts] == [
+        (0, None, None),
+        (5, 2.0, 0.5),
+        (8, 2.0, None),
+        (10, 4.0, None),  # the NaN gold at 12 is no point; the NaN KL at 11 is skipped
+    ]
+
+
+def test_best_checkpoint_is_the_saved_one_with_the_best_gold():
+    w = watch(GOLD, PROXY, checkpoints=[20, 60, 80])
+    assert w.best.step == 40 and w.best_checkpoint == 60  # 60 (0.52) beats 80 (0.40) and 20 (0.50)
+    assert watch(GOLD, PROXY, checkpoints=[40]).best_checkpoint == 40
+    assert watch(GOLD, PROXY).best_checkpoint is None
+    assert watch({}, PROXY).best is None and watch({}, PROXY).warning is None
+
+
+def test_watch_run_dir_reads_metrics_and_rl_checkpoints(tmp_path, capsys):
+    rows = []
+    for s in STEPS:
+        rows.append({"step": s, "train/reward_mean": PROXY[s] - 0.05, "train/kl_episode": s / 10})
+        rows.append({"step": s, "eval/reward_mean": PROXY[s], "eval/gold": GOLD[s]})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    for name in ("rl-000040", "rl-000080", "sft-000003", "latest.json"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    w, proxy_key = overopt.watch_run_dir(tmp_path)
+    assert proxy_key == "eval/reward_mean" and w.best_checkpoint == 40
+    assert w.points[-1].sqrt_kl == pytest.approx(math.sqrt(8.0))
+    assert overopt.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "best by gold: step 40" in out and "Possible reward over-optimisation" in out
+    with pytest.raises(
+        KeyError, match="no 'eval/judge' in metrics.jsonl; evaluation keys: eval/gold, eval/reward_mean"
+    ):
+        overopt.watch_run_dir(tmp_path, "eval/judge")
+
+
+def test_gold_metric_scores_a_rubric_on_evaluations():
+    crit = [
+        {"name": "numeric", "description": "numbers", "weight": 3},
+        {"name": "varied", "description": "distinct", "scale": {"min": 0, "max": 4}},
+    ]
+    judge = {"backend": "stub", "features": {"varied": "distinct"}}
+    [metric] = build_metrics(
+        [{"id": "gold", "args": {"reward": {"id": "rubric", "args": {"criteria": crit, "judge": judge}}}}]
+    )
+    corpus, per_sample = compute_all([metric], ["p", "p"], ["1 2 3", "cat cat"], [[], []], [{}, {}])
+    assert per_sample["gold"] == pytest.approx([1.0, 0.125])
+    assert corpus["gold"] == pytest.approx(0.5625)
+    assert corpus["gold/numeric"] == pytest.approx(3.0) and corpus["gold/varied"] == pytest.approx(3.0)
