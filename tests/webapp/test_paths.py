@@ -157,7 +157,7 @@ def test_prose_and_hub_ids_in_a_config_are_not_paths(researcher, roots):
     cfg = {
         **TINY,
         "model": {"name_or_path": "gpt2"},
-        "task": {"id": "imdb", "args": {"prompt_prefix": "Translate English/German: "}},
+        "task": {"id": "iwslt2017en_de", "args": {"prompt_prefix": "Translate English/German: "}},
     }
     run = services.create_run(cfg, user=researcher)
     assert run.config["task"]["args"]["prompt_prefix"] == "Translate English/German: "

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from django import forms
 
-from engine import presets, yamlio
+from engine import launch_checks, presets, yamlio
 from engine import registry as engine_registry
 from engine.config import ALGORITHM_DEFAULTS, ConfigError, RunConfig, json_schema, parse_config
 from webapp.runs import extensions, paths, queries
@@ -549,22 +549,37 @@ class RunConfigForm(forms.Form):
                 self.add_error("train__output_dir", str(exc))
         # The engine validates even when some widgets failed, so that every error shows at once;
         # a widget that failed keeps its default here and its own error is not repeated.
+        # So do this installation's checks (components, their arguments, task x algorithm x settings,
+        # engine.launch_checks), on the schema-valid config or, when it is not, on the raw one.
+        merged = _deep_merge(default_config(), self.config_dict())
+        config: RunConfig | None = None
         try:
-            config = parse_config(_deep_merge(default_config(), self.config_dict()), source="launch form")
+            config = parse_config(merged, source="launch form")
         except ConfigError as exc:
             self.add_config_errors(exc)
-            return cleaned
+        checked = config.to_dict() if config is not None else merged
+        launch = launch_checks.config_errors(checked)
+        if config is not None:
+            launch += launch_checks.size_errors(checked, local_files=False)
+        if launch:
+            self.add_config_errors(ConfigError("launch checks", launch), several=True)
         if not self.errors:
             self.config = config
         return cleaned
 
-    def add_config_errors(self, exc: ConfigError) -> None:
-        """Put each ``(dotted.path, message)`` of the engine on the widget of the longest matching path."""
+    def add_config_errors(self, exc: ConfigError, *, several: bool = False) -> None:
+        """Put each ``(dotted.path, message)`` of the engine on the widget of the longest matching path.
+
+        A widget that already has an error (its own conversion failed, so the engine saw its default)
+        gets no schema error about that default; ``several``: the launch checks' errors, each a
+        separate fact about the config, are all added (``task.args`` can lack one argument and have
+        an unknown other)."""
         names = {spec.path: spec.name for spec in self.specs}
         for path, message in exc.errors or [("(root)", str(exc))]:
             target = field_for_path(path, names, message)
             if target:
-                if target not in self.errors:
+                shown = [str(m) for m in self.errors.get(target, [])]
+                if not shown or (several and message not in shown):
                     self.add_error(target, message)
             else:
                 self.add_error(None, f"{path}: {message}")
@@ -670,13 +685,23 @@ class YamlConfigForm(forms.Form):
                 "the config must be a YAML mapping (sections like 'model:', 'train:')"
             )
         self.raw = data
+        errors: list[tuple[str, str]] = []
         try:
             self.config = parse_config(data, source="YAML")
         except ConfigError as exc:
-            self.config_errors = list(exc.errors)
-            raise forms.ValidationError(
-                [f"{path}: {msg}" for path, msg in exc.errors] or [str(exc)]
-            ) from None
+            errors = list(exc.errors) or [("(root)", str(exc))]
+        # This installation's checks too, on the raw mapping when the schema refused it: an unknown
+        # algorithm id is listed beside a type error, not after it is fixed.
+        checked = self.config.to_dict() if self.config is not None else data
+        named = {f for f, _m in errors}
+        launch = launch_checks.config_errors(checked)
+        if self.config is not None:  # sizes need a valid schema (they compute with its numbers)
+            launch += launch_checks.size_errors(checked, local_files=False)
+        errors += [e for e in launch if e[0] not in named]
+        if errors:
+            self.config = None
+            self.config_errors = errors
+            raise forms.ValidationError([f"{path}: {msg}" for path, msg in errors])
         return text
 
 

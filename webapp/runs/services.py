@@ -67,9 +67,12 @@ def validate_config(
         cfg = parse_config(dict(config)).to_dict()
     except ConfigError as exc:
         schema = exc.errors or [("(root)", str(exc))]
-        errors += schema + launch_checks.component_errors(config)
+        # The checks that need no valid schema run too: every error of the config in one report.
+        # (A field the schema already refused is not reported twice.)
+        named = {f for f, _m in schema}
+        errors += schema + [e for e in launch_checks.config_errors(config) if e[0] not in named]
         raise ConfigInvalid(str(exc) if errors == schema else _joined(errors), errors) from None
-    errors += launch_checks.component_errors(cfg)
+    errors += launch_checks.config_errors(cfg)
     path_errors: list[tuple[str, str]] = []
     if local_paths:
         try:
