@@ -25,6 +25,7 @@ from engine.study import (
     cell_config,
     compare,
     export_reference,
+    markdown_report,
     mean_std,
     read_reference,
     results_table,
@@ -303,6 +304,23 @@ def test_a_two_seed_study_yields_decided_verdicts_through_the_results_table():
     # The same table with NLPO's seeds far apart: its comparison is within noise, claim 3 undecided.
     per_cell["nlpo"] = [(0.30, 31.0), (1.00, 31.0)]
     assert verdicts(results_table(_study(per_cell)))[2]["verdict"] == "inconclusive"
+
+
+def test_a_partial_study_is_reported_as_partial():
+    """Two of the grid's 18 runs: the table counts them against the grid and the report says the verdicts
+    are provisional instead of presenting them as the study's result."""
+    study = _study({"zero_shot": [(0.50, 38.5)], "ppo": [(0.60, 39.0)]})
+    study["meta"]["seeds"] = [0, 1, 2]
+    table = results_table(study)
+    assert (table["n_runs"], table["expected_runs"], table["complete"]) == (2, 18, False)
+    budget = {"name": "small", "description": "d", "test_prompts": 500}
+    md = markdown_report({**table, "budget": budget}, verdicts(table), {})
+    assert md.startswith("**Partial: 2 of 18 runs finished**")
+    full = _study({c: [(0.5, 30.0)] for c in CELLS})
+    full["meta"]["seeds"] = [0]
+    assert results_table(full)["complete"] and "Partial" not in markdown_report(
+        {**results_table(full), "budget": budget}, verdicts(results_table(full)), {}
+    )
 
 
 def test_small_budget_configs_are_valid_and_share_the_evaluation():
