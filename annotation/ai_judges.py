@@ -18,6 +18,7 @@ Progress, ETA and cancellation go through the judge's row.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections import defaultdict
@@ -453,6 +454,75 @@ def judge_panel(camp: Campaign) -> list[dict[str, Any]]:
              "human": majority.get(i)}
             for i, p in sorted(per_item.items())
         ]  # fmt: skip
+        agreement = stats.ai_judge_agreement(rows)
+        warnings = judge_warnings(agreement)
         out.append({"id": judge.pk, "name": judge.name, "kind": judge.kind, "model": judge.model,
-                    "status": judge.status, **stats.ai_judge_agreement(rows)})  # fmt: skip
+                    "status": judge.status, "status_label": judge.get_status_display(), **agreement,
+                    "warnings": warnings, "advice": ADVICE if warnings else ""})  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------- an uninformative judge
+
+#: When a judge's results are flagged (docs/annotation.md, "When an AI judge is uninformative"). Each
+#: needs at least ``WARN_MIN_N`` observations, so two or three items never raise a warning.
+WARN_MIN_N = 8
+#: Position bias: the exact two-sided binomial test of first-position wins against 1/2 rejects at
+#: this level, and the rate is at least this far from 1/2 (a large campaign's 53 % is significant
+#: but harmless: the swap rule absorbs it).
+POSITION_ALPHA = 0.01
+POSITION_RATE = 0.75
+#: Ties: this share of items ended as ties after the swap (the judge separates almost nothing).
+TIE_RATE = 0.8
+#: Agreement: Cohen's kappa against the human majority at or below this (chance level).
+KAPPA_CHANCE = 0.05
+
+ADVICE = (
+    "What to try: another judge model (a larger or instruction-tuned local model, or an "
+    "OpenAI-compatible endpoint); a different prompt template (state the criteria, ask for one letter, "
+    "repeat the question after both responses); swap-averaging for a local judge: compare each "
+    "system's probability averaged over both orders instead of asking both passes to agree (every "
+    "pass's probabilities are in the CSV of AI passes)."
+)
+
+
+def binomial_two_sided_p(k: int, n: int) -> float:
+    """Exact two-sided p-value of ``k`` successes in ``n`` fair coin flips (the probability of an
+    outcome at least as far from n/2): how surprising a judge's first-position count is if position
+    did not matter."""
+    if n <= 0:
+        return 1.0
+    tail = min(k, n - k)
+    total = sum(math.comb(n, i) for i in range(tail + 1))
+    return min(1.0, 2 * total / 2**n)
+
+
+def judge_warnings(agreement: dict[str, Any]) -> list[str]:
+    """Why a judge's verdicts carry (almost) no information, one sentence per reason; empty when
+    none applies. ``agreement`` is ``stats.ai_judge_agreement``'s result."""
+    out: list[str] = []
+    n_passes = agreement.get("n_decided_passes") or 0
+    rate = agreement.get("first_position_rate")
+    if rate is not None and n_passes >= WARN_MIN_N:
+        first = round(rate * n_passes)
+        p = binomial_two_sided_p(first, n_passes)
+        if p < POSITION_ALPHA and abs(rate - 0.5) >= POSITION_RATE - 0.5:
+            side, count = ("first", first) if rate > 0.5 else ("second", n_passes - first)
+            out.append(
+                f"Position bias: it chose the {side}-shown response in {count} of {n_passes} decided passes "
+                f"(exact binomial test against 50 %: p = {p:.2g}), whatever the responses said."
+            )
+    n_items = agreement.get("n_items") or 0
+    ties = (agreement.get("verdicts") or {}).get("tie", 0)
+    if n_items >= WARN_MIN_N and ties / n_items >= TIE_RATE:
+        out.append(
+            f"Ties: {ties} of {n_items} items ended as ties after the swap (its two passes rarely named "
+            "the same system), so it ranks almost nothing."
+        )
+    kappa = agreement.get("kappa")
+    if kappa is not None and (agreement.get("n_kappa") or 0) >= WARN_MIN_N and kappa <= KAPPA_CHANCE:
+        out.append(
+            f"Agreement: κ = {kappa:.2f} against the human majority on {agreement['n_kappa']} items, "
+            "no better than chance."
+        )
     return out

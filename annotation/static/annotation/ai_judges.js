@@ -19,8 +19,10 @@
         .then(function (s) {
           bar.style.width = (100 * s.progress) + "%";
           tr.querySelector(".ai-status").textContent = s.status;
-          tr.querySelector(".ai-progress-text").textContent = s.n_done + " of " + s.n_total + " items" +
-            (s.n_errors ? ", " + s.n_errors + " errors" : "");
+          // A queued judge has counted no items yet: "0 of 0 items" would read as an empty campaign.
+          tr.querySelector(".ai-progress-text").textContent = s.n_total ?
+            s.n_done + " of " + s.n_total + " items" + (s.n_errors ? ", " + s.n_errors + " errors" : "") :
+            "not started yet";
           tr.querySelector(".ai-eta").textContent = s.status === "running" ? eta(s.eta_seconds) : "";
           tr.querySelector(".ai-error").textContent = s.error || "";
           if (s.status === "queued" || s.status === "running") setTimeout(poll, 1500);
