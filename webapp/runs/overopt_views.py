@@ -1,0 +1,213 @@
+"""The run page's rubric and over-optimisation panels, and the compare view's gold chart.
+
+Why template tags and not views: the panels are parts of pages that already exist (the run page, the
+compare view); computing them where they are rendered keeps those views untouched, and each panel
+reads only its own few rows (the run's rubric samples, three metric keys, the checkpoints).
+
+- Rubric panel: the run's rubric (criteria, weights, scales, as configured in ``reward`` or in a
+  ``gold`` evaluation metric) and the judge's mean per-criterion scores (``rubric/<name>`` of the
+  logged samples) at the first and the newest logged step of each split.
+- Over-optimisation panel: proxy and gold against training progress and against √KL from the
+  initial policy (``engine.overopt``), the best evaluation by gold and its checkpoint, and the
+  warning when gold fell at N consecutive evaluations while the proxy rose. The gold key is
+  ``eval/gold`` unless the researcher picks another evaluation metric (``?gold=``); N is ``?falls=``.
+
+Everything shown is escaped by the templates; numbers go to the charts through ``json_script``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django import template
+from django.http import HttpRequest
+
+from engine import overopt
+from engine.rewards.rubric import DETAIL_PREFIX, RubricError, parse_rubric
+from webapp.runs.models import Checkpoint, MetricPoint, Run, Sample
+
+register = template.Library()
+
+MAX_FALLS = 50
+SAMPLE_ROWS = 2000
+
+
+# -------------------------------------------------------------------------------------------- rubric
+
+
+def _rubric_configs(config: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(where, args)`` of every rubric in a run config: the reward, its components, gold metrics."""
+    found: list[tuple[str, Mapping[str, Any]]] = []
+    reward = config.get("reward") or {}
+    if isinstance(reward, Mapping):
+        if reward.get("id") == "rubric":
+            found.append(("reward", reward.get("args") or {}))
+        for i, comp in enumerate(reward.get("components") or []):
+            if isinstance(comp, Mapping) and comp.get("id") == "rubric":
+                found.append((f"reward component {i + 1}", comp.get("args") or {}))
+    for metric in (config.get("eval") or {}).get("metrics") or []:
+        if isinstance(metric, Mapping) and metric.get("id") == "gold":
+            inner = (metric.get("args") or {}).get("reward") or {}
+            if isinstance(inner, Mapping) and inner.get("id") == "rubric":
+                found.append(("gold (evaluations)", inner.get("args") or {}))
+    return found
+
+
+def rubric_context(run: Run) -> dict[str, Any] | None:
+    """What the rubric panel shows, or None for a run without a rubric."""
+    configs = _rubric_configs(run.config or {})
+    if not configs:
+        return None
+    rubrics = []
+    for where, args in configs:
+        try:
+            rubric = parse_rubric(args)
+        except RubricError as exc:
+            rubrics.append({"where": where, "error": str(exc), "criteria": []})
+            continue
+        judge = args.get("judge") if isinstance(args.get("judge"), Mapping) else {"backend": "local"}
+        criteria = [
+            {"name": c.name, "description": c.description, "weight": c.weight, "low": c.low, "high": c.high,
+             "labels": [f"{k} = {t}" for k, t in c.labels]}
+            for c in rubric.criteria
+        ]  # fmt: skip
+        judge_text = str(judge.get("backend", "local"))
+        if judge.get("model") or judge.get("endpoint"):
+            judge_text += f" ({judge.get('model') or judge.get('endpoint')})"
+        rubrics.append({"where": where, "criteria": criteria, "judge": judge_text, "error": ""})
+    names = [c["name"] for r in rubrics for c in r["criteria"]]
+    rows = list(
+        Sample.objects.filter(run_id=run.pk)
+        .order_by("-id")
+        .values_list("split", "step", "metrics")[:SAMPLE_ROWS]
+    )
+    by_split: dict[str, dict[int, dict[str, list[float]]]] = {}
+    for split, step, metrics in rows:
+        for key, value in (metrics or {}).items():
+            if key.startswith(DETAIL_PREFIX) and isinstance(value, int | float):
+                by_split.setdefault(split, {}).setdefault(step, {}).setdefault(
+                    key[len(DETAIL_PREFIX) :], []
+                ).append(value)
+    shown = [n for n in dict.fromkeys(names)] + sorted(
+        {k for steps in by_split.values() for s in steps.values() for k in s} - set(names)
+    )
+    tables = []
+    for split in sorted(by_split):
+        steps = sorted(by_split[split])
+        picks = [steps[0]] if len(steps) == 1 else [steps[0], steps[-1]]
+        tables.append(
+            {
+                "split": split,
+                "rows": [
+                    {
+                        "step": s,
+                        "n": max((len(v) for v in by_split[split][s].values()), default=0),
+                        "means": [_mean(by_split[split][s].get(n)) for n in shown],
+                    }
+                    for s in picks
+                ],
+            }
+        )
+    return {"rubrics": rubrics, "columns": shown, "tables": tables}
+
+
+def _mean(values: list[float] | None) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+# ------------------------------------------------------------------------------- over-optimisation
+
+
+def _series(run_ids: Iterable[int], keys: Iterable[str]) -> dict[int, dict[str, dict[int, float]]]:
+    out: dict[int, dict[str, dict[int, float]]] = {}
+    rows = MetricPoint.objects.filter(run_id__in=list(run_ids), key__in=list(keys)).values_list(
+        "run_id", "key", "step", "value"
+    )
+    for run_id, key, step, value in rows:
+        if value is not None:
+            out.setdefault(run_id, {}).setdefault(key, {})[int(step)] = float(value)
+    return out
+
+
+def eval_keys(run_ids: Iterable[int]) -> list[str]:
+    """Evaluation keys a researcher can pick as gold (not the proxy itself)."""
+    keys = (
+        MetricPoint.objects.filter(run_id__in=list(run_ids), key__startswith="eval/")
+        .values_list("key", flat=True)
+        .distinct()
+    )
+    return sorted(k for k in keys if k not in ("eval/reward_mean", "eval/reward_std"))
+
+
+def _params(request: HttpRequest | None) -> tuple[str, int]:
+    gold = overopt.GOLD_KEY
+    falls = overopt.DEFAULT_FALLS
+    if request is not None:
+        gold = (request.GET.get("gold") or gold).strip()[:200]
+        try:
+            falls = min(max(int(request.GET.get("falls", falls)), 1), MAX_FALLS)
+        except ValueError:
+            falls = overopt.DEFAULT_FALLS
+    return gold, falls
+
+
+def watch_of(
+    run: Run, series: Mapping[str, Mapping[int, float]], gold_key: str, falls: int
+) -> dict[str, Any]:
+    """The watch of one run as template context (and the chart's data)."""
+    proxy_key, proxy = overopt.pick_proxy(series)
+    ckpts = dict(Checkpoint.objects.filter(run_id=run.pk).values_list("step", "path"))
+    w = overopt.watch(series.get(gold_key) or {}, proxy, series.get(overopt.KL_KEY), ckpts, falls)
+    data = w.to_dict()
+    data.update(run_id=run.pk, run_name=run.name, gold_key=gold_key, proxy_key=proxy_key)
+    return {
+        "run": run,
+        "watch": w,
+        "data": data,
+        "proxy_key": proxy_key,
+        "best_checkpoint_path": ckpts.get(w.best_checkpoint) if w.best_checkpoint is not None else None,
+    }
+
+
+def overopt_context(run: Run, request: HttpRequest | None) -> dict[str, Any] | None:
+    """What the over-optimisation panel shows, or None when the run has no evaluation to use as gold."""
+    gold_key, falls = _params(request)
+    choices = eval_keys([run.pk])
+    if not choices:
+        return None
+    series = _series([run.pk], [gold_key, overopt.KL_KEY, *overopt.PROXY_KEYS]).get(run.pk, {})
+    ctx = {"choices": choices, "gold_key": gold_key, "falls": falls, "has_gold": bool(series.get(gold_key))}
+    if ctx["has_gold"]:
+        ctx.update(watch_of(run, series, gold_key, falls))
+    return ctx
+
+
+# ------------------------------------------------------------------------------------ template tags
+
+
+@register.inclusion_tag("runs/_rubric_panel.html")
+def rubric_panel(run: Run) -> dict[str, Any]:
+    return {"rubric": rubric_context(run), "run": run}
+
+
+@register.inclusion_tag("runs/_overopt_panel.html", takes_context=True)
+def overopt_panel(context: Any, run: Run) -> dict[str, Any]:
+    return {"overopt": overopt_context(run, context.get("request")), "run": run}
+
+
+@register.inclusion_tag("runs/_overopt_compare.html", takes_context=True)
+def overopt_compare(context: Any, runs: list[Run]) -> dict[str, Any]:
+    """Proxy and gold of every compared run that has the gold key, on the same two axes."""
+    gold_key, falls = _params(context.get("request"))
+    ids = [r.pk for r in runs]
+    series = _series(ids, [gold_key, overopt.KL_KEY, *overopt.PROXY_KEYS])
+    watches = [watch_of(r, series[r.pk], gold_key, falls) for r in runs if series.get(r.pk, {}).get(gold_key)]
+    return {
+        "watches": watches,
+        "ids_param": context.get("ids_param", ""),
+        "gold_key": gold_key,
+        "falls": falls,
+        "choices": eval_keys(ids),
+        "data": [w["data"] for w in watches],
+    }
