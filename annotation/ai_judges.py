@@ -45,7 +45,7 @@ from annotation.models import (
 from engine import netguard, templates
 from webapp.celery import app as celery_app
 from webapp.runs import paths
-from webapp.runs.services import run_queue
+from webapp.runs.workers import run_queue
 
 JUDGE_TASK = "annotation.tasks.run_ai_judge"
 SOURCES = ("human", "ai", "both")

@@ -25,7 +25,7 @@ from annotation.stats import wilson_interval
 from engine.reward_model import parse_pairs, train_reward_model
 from webapp.celery import app as celery_app
 from webapp.runs import paths
-from webapp.runs.services import run_queue
+from webapp.runs.workers import run_queue
 
 TRAIN_TASK = "annotation.tasks.train_reward_model"
 MIN_PAIRS = 4

@@ -109,6 +109,14 @@ def win_rate_matrix(
 # --------------------------------------------------------------------------------------------------
 # Bradley–Terry
 # --------------------------------------------------------------------------------------------------
+#
+# Why a second Bradley–Terry beside ``engine/reward_model.py``: both use the model
+# P(i ≻ j) = σ(θ_i − θ_j), but they fit different unknowns. Here θ is one number per *system* (a
+# handful), fitted in closed-form Newton steps on a win matrix with a prior and a posterior interval
+# per system (the rankings and leaderboards need the intervals). The reward model's θ is a neural
+# network's score of *any text*, fitted by gradient descent on individual pairs so it can score
+# generations it never saw. One implementation would either pull torch into the annotation
+# statistics or lose the intervals, so each keeps its own, and only the model is shared.
 
 
 # A weak Gaussian prior on each system's log-strength θ (natural log-odds units): θ ~ N(0, 1²).

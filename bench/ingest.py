@@ -52,7 +52,7 @@ from django.contrib.auth.models import Group, User  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.test import Client  # noqa: E402
 
-from webapp.runs import protocol, services  # noqa: E402
+from webapp.runs import ingest, protocol, services  # noqa: E402
 from webapp.runs.models import Run, RunLog, group_name  # noqa: E402
 from webapp.runs.recorder import Recorder  # noqa: E402
 
@@ -122,7 +122,7 @@ def bench_ingest(n_points: int) -> dict[str, Any]:
             rows = [(k, s, 1.0) for s in range(steps) for k in KEYS]
             t = time.perf_counter()
             for i in range(0, len(rows), 50_000):
-                services.ingest_metrics(run.pk, rows[i : i + 50_000])
+                ingest.ingest_metrics(run.pk, rows[i : i + 50_000])
             dt = time.perf_counter() - t
             out["replay_all_duplicates"] = {"seconds": dt, "points_per_s": len(rows) / dt}
         run.delete()
@@ -130,7 +130,7 @@ def bench_ingest(n_points: int) -> dict[str, Any]:
     rows = [(k, s, float(s)) for s in range(steps) for k in KEYS]
     t = time.perf_counter()
     for i in range(0, len(rows), 50_000):
-        services.ingest_metrics(run.pk, rows[i : i + 50_000], returning=False)
+        ingest.ingest_metrics(run.pk, rows[i : i + 50_000], returning=False)
     dt = time.perf_counter() - t
     out["ingest_metrics_50k_batches_no_returning"] = {"seconds": dt, "points_per_s": len(rows) / dt}
     run.delete()
@@ -348,9 +348,9 @@ def bench_live_and_page(port: int, server_pid: int, user: User, n_msgs: int) -> 
     rows = [
         ("train/reward_mean", s, math.sin(s / 500) + (5.0 if s == 61_234 else 0.0)) for s in range(100_000)
     ]
-    services.ingest_metrics(big.pk, rows, returning=False)
-    services.ingest_metrics(big.pk, [(k, s, 0.1 * s) for k in KEYS[1:] for s in range(2000)], returning=False)
-    services.ingest_samples(
+    ingest.ingest_metrics(big.pk, rows, returning=False)
+    ingest.ingest_metrics(big.pk, [(k, s, 0.1 * s) for k in KEYS[1:] for s in range(2000)], returning=False)
+    ingest.ingest_samples(
         big.pk,
         99_999,
         "train",
@@ -374,7 +374,7 @@ def bench_live_and_page(port: int, server_pid: int, user: User, n_msgs: int) -> 
     # viewer of a live run gets after every flush.
     colds = []
     for i in range(7):
-        services.ingest_metrics(big.pk, [("bench/tick", i, 0.0)], returning=False)
+        ingest.ingest_metrics(big.pk, [("bench/tick", i, 0.0)], returning=False)
         t = time.perf_counter()
         rr = s.get(url, timeout=60)
         colds.append((time.perf_counter() - t) * 1000)

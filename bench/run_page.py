@@ -47,6 +47,7 @@ from django.contrib.auth.models import Group, User  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from webapp.runs import services  # noqa: E402
+from webapp.runs.ingest import ingest_metrics, ingest_samples  # noqa: E402
 from webapp.runs.models import Run  # noqa: E402
 from webapp.runs.views import metric_group  # noqa: E402
 
@@ -62,11 +63,9 @@ VIEWPORT = {"width": 1280, "height": 800}
 def make_run() -> Run:
     run = services.create_run({}, name="bench-first-visit", tags=["bench-page"])
     rows = [("train/reward_mean", s, math.sin(s / 500)) for s in range(100_000)]
-    services.ingest_metrics(run.pk, rows, returning=False)
-    services.ingest_metrics(
-        run.pk, [(k, s, 0.1 * s) for k in ingest.KEYS[1:] for s in range(2000)], returning=False
-    )
-    services.ingest_samples(
+    ingest_metrics(run.pk, rows, returning=False)
+    ingest_metrics(run.pk, [(k, s, 0.1 * s) for k in ingest.KEYS[1:] for s in range(2000)], returning=False)
+    ingest_samples(
         run.pk,
         99_999,
         "train",

@@ -1,4 +1,9 @@
-"""GRUE Studio engine: on-policy RL (PPO, NLPO) and SFT for HuggingFace language models.
+"""GRUE Studio engine: RL and supervised fine-tuning for HuggingFace language models.
+
+Algorithms (``engine/algorithms/``, chosen by ``algorithm.id``): the actor-critic on-policy ``ppo``,
+``nlpo``, ``a2c`` and ``trpo``; the critic-free group algorithms ``grpo``, ``rloo``, ``reinforce_pp``
+and ``reinforce_pp_baseline``; offline preference optimisation ``dpo`` (DPO, or IPO with
+``loss_type: ipo``); and ``sft``, supervised fine-tuning (also the warm start of an RL run).
 
 The public API is small on purpose; the web app and the CLI both drive runs through it.
 Heavy modules (torch, transformers) are imported only when a run starts.

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import engine
-from engine import registry
+from engine import dotted, registry
 from engine.assets import MissingAssetError, smollm2_gguf_path
 from engine.client import ApiError, Client
 from engine.config import (
@@ -27,7 +27,6 @@ from engine.config import (
     json_schema,
     parse_config,
     parse_overrides,
-    set_dotted,
 )
 from engine.config_files import read_config_file
 from engine.events import MultiSink
@@ -54,13 +53,6 @@ class CLIError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def build_config(
     config_path: str | None,
     overrides: list[str] | None = None,
@@ -79,7 +71,7 @@ def build_config(
         raw, unhonoured = read_config_file(config_path)
         for item in unhonoured:
             print(f"warning: RL4LMs key not honoured: {item}", file=out)
-        data = _merge(data, raw)
+        data = dotted.deep_merge(data, raw)
         source = str(config_path)
     elif resume and not preset:
         cfg_file = Path(resume) / "config.json"
@@ -94,7 +86,7 @@ def build_config(
             "give a CONFIG file, --preset NAME (see `python -m engine presets`) or --resume RUN_DIR"
         )
     for key, value in parse_overrides(overrides or []):
-        set_dotted(data, key, value)
+        dotted.set_path(data, key, value)
     return parse_config(data, source=source)
 
 

@@ -732,19 +732,6 @@ def parse_config(data: dict[str, Any] | RunConfig, source: str = "config") -> Ru
         raise ConfigError(f"{source}: invalid config\n{lines}", errs) from None
 
 
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    """Apply one ``--set a.b.c=value`` override; the value is parsed as YAML (numbers, bools, lists)."""
-    keys = dotted.split(".")
-    cur = data
-    for k in keys[:-1]:
-        nxt = cur.get(k)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            cur[k] = nxt
-        cur = nxt
-    cur[keys[-1]] = value
-
-
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     out = []
     for item in overrides:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.config import RunConfig, is_rl4lms_config, load_yaml, parse_config, parse_overrides, set_dotted
+from engine import dotted
+from engine.config import RunConfig, is_rl4lms_config, load_yaml, parse_config, parse_overrides
 from engine.rl4lms import convert_rl4lms
 
 
@@ -28,5 +29,5 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     """Load a GRUE Studio config (or an RL4LMs task config, converted) with ``key=value`` overrides."""
     data, _unhonoured = read_config_file(path)
     for key, value in parse_overrides(overrides or []):
-        set_dotted(data, key, value)
+        dotted.set_path(data, key, value)
     return parse_config(data, source=str(path))

@@ -395,14 +395,6 @@ def sharded_frozen_copy(source: torch.nn.Module, fresh: Callable[[], torch.nn.Mo
     return out
 
 
-def unsharded_class_name(module: torch.nn.Module) -> str:
-    """The model's own class name (FSDP2 swaps in a subclass named ``FSDP<Name>``)."""
-    for cls in type(module).__mro__:
-        if not issubclass(cls, FSDPModule):
-            return cls.__name__
-    return type(module).__name__
-
-
 # ----------------------------------------------------------------------------- batch statistics
 
 

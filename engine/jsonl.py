@@ -20,8 +20,11 @@ def iter_jsonl(
     *,
     error: type[Exception] = ValueError,
     objects_only: bool = True,
+    skip_invalid: bool = False,
 ) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line number, value)`` for each non-blank line; a bad line raises ``error``."""
+    """Yield ``(line number, value)`` for each non-blank line; a bad line raises ``error``, or is
+    passed over with ``skip_invalid`` (a file this process writes itself, whose last line a crash may
+    have cut short)."""
     for lineno, raw in enumerate(lines, 1):
         line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         if not line.strip():
@@ -29,8 +32,12 @@ def iter_jsonl(
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
+            if skip_invalid:
+                continue
             raise error(f"{source}: line {lineno}: invalid JSON ({exc.msg})") from None
         if objects_only and not isinstance(value, dict):
+            if skip_invalid:
+                continue
             raise error(f"{source}: line {lineno}: expected a JSON object per line")
         yield lineno, value
 

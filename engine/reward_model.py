@@ -2,7 +2,9 @@
 
 A Bradley–Terry reward model: a sequence-classification backbone with one output r(x) trained so
 that P(chosen ≻ rejected) = σ(r(chosen) − r(rejected)), i.e. on the loss −log σ(r_c − r_r)
-(Christiano et al. 2017; Ouyang et al. 2022). The output directory is a plain HF model directory
+(Christiano et al. 2017; Ouyang et al. 2022). (``annotation/stats.py`` fits the same model to rank a
+handful of systems from a win matrix, with intervals; its comment says why the two fits stay apart.)
+The output directory is a plain HF model directory
 with its tokenizer, so the engine's ``learned`` reward (num_labels == 1 → raw score) loads it like
 any other classifier and a new RL run can optimise it.
 

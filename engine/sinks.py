@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.events import NullSink
+from engine.jsonl import iter_jsonl
 
 
 def _jsonable(v: Any) -> Any:
@@ -41,16 +42,13 @@ class RunDirSink(NullSink):
             p = self.run_dir / name
             if not p.exists():
                 continue
+            lines = p.read_text(encoding="utf-8").splitlines()
             kept = []
-            for line in p.read_text(encoding="utf-8").splitlines():
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+            for lineno, obj in iter_jsonl(lines, str(p), skip_invalid=True):
                 is_rl = obj.get("phase", "rl") == "rl"
                 if obj.get("step", 0) > step and (is_rl or not rl_only):
                     continue
-                kept.append(line)
+                kept.append(lines[lineno - 1])
             p.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
     def run_started(self, config: dict[str, Any], run_dir: str | None = None) -> None:

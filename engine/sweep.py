@@ -36,7 +36,8 @@ from typing import Any
 import yaml
 
 import engine  # engine.train loads the trainer (torch) on first call: the CLI stays light
-from engine.config import ConfigError, RunConfig, parse_config, set_dotted
+from engine import dotted
+from engine.config import ConfigError, RunConfig, parse_config
 from engine.config_files import read_config_file
 from engine.yamlio import safe_load
 
@@ -191,7 +192,7 @@ def expand(sweep: Sweep) -> list[dict[str, Any]]:
     for i, values in enumerate(assignments(sweep)):
         data = json.loads(json.dumps(sweep.base))  # a deep copy of plain data
         for key, value in values.items():
-            set_dotted(data, key, value)
+            dotted.set_path(data, key, value)
         data["name"] = f"{sweep.name}-{i:03d}"
         data.setdefault("train", {})["output_dir"] = str(sweep.output_dir / f"run-{i:03d}")  # one dir per run
         try:

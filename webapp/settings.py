@@ -21,7 +21,6 @@ Environment variables (see docs/platform.md):
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -37,14 +36,6 @@ def _env_bool(name: str, default: bool) -> bool:
     if raw is None or raw == "":
         return default
     return raw.strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _module_exists(name: str) -> bool:
-    """Optional apps written by other parts of the team load only once their package exists."""
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 DATA_DIR = Path(os.environ.get("GRUE_DATA_DIR") or (BASE_DIR / "var")).resolve()
@@ -91,6 +82,7 @@ INSTALLED_APPS = [
     "annotation",
     "webapp.grue",
     "webapp.api",
+    "webapp.platform",
 ]
 
 MIDDLEWARE = [

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
-from webapp.runs import lifecycle, services
+from webapp.runs import ingest, lifecycle
 from webapp.runs.errors import ServiceError
 from webapp.runs.models import Run, RunStatus
 
@@ -64,7 +64,7 @@ def auto_resume_lost_runs(limit: int | None = None) -> list[int]:
                 if interrupted
                 else f"worker lost; resumed automatically from the last checkpoint (attempt {attempt} of {limit})"
             )
-            services.add_log_lines(run_id, [line])
+            ingest.add_log_lines(run_id, [line])
         except Exception:  # noqa: BLE001 - the log line is a courtesy
             log.warning("could not log the automatic resume of run %s", run_id, exc_info=True)
         resumed.append(run_id)

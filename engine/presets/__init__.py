@@ -39,14 +39,13 @@ files), resolved when a preset is loaded.
 
 from __future__ import annotations
 
-import copy
 import functools
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from engine import yamlio
+from engine import dotted, yamlio
 from engine.assets import MissingAssetError
 from engine.assets import smollm2_gguf_path as _path
 from engine.config import ConfigError
@@ -103,29 +102,20 @@ class PresetError(ConfigError):
     """An unknown preset name or a broken preset file."""
 
 
-def deep_merge(base: dict[str, Any], *overrides: dict[str, Any] | None) -> dict[str, Any]:
-    """Merge mappings key by key (later wins); lists and scalars are replaced, never concatenated.
+def _new_reward(key: str, old: dict[str, Any], new: Any) -> bool:
+    return key == "reward" and "id" in new and new["id"] != old.get("id")
 
-    A ``reward`` that names a different ``id`` replaces the old one whole, so that switching the reward
-    from ROUGE to METEOR does not leak ROUGE's arguments into METEOR. Other sections merge even when
-    their id changes: a related data pool (imdb -> imdb_seq2seq) keeps the source arguments (hub,
-    paths), and switching the algorithm from PPO to NLPO keeps the shared hyperparameters.
+
+def deep_merge(base: dict[str, Any], *overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``engine.dotted.deep_merge`` with the presets' one exception: later wins, lists and scalars
+    are replaced, and a ``reward`` that names a different ``id`` replaces the old one whole.
+
+    Why the exception: switching the reward from ROUGE to METEOR must not leak ROUGE's arguments into
+    METEOR. Other sections merge even when their id changes: a related data pool (imdb ->
+    imdb_seq2seq) keeps the source arguments (hub, paths), and switching the algorithm from PPO to
+    NLPO keeps the shared hyperparameters.
     """
-    out = copy.deepcopy(base)
-    for over in overrides:
-        for key, value in (over or {}).items():
-            old = out.get(key)
-            same_component = key != "reward" or not (
-                isinstance(value, dict)
-                and isinstance(old, dict)
-                and "id" in value
-                and value["id"] != old.get("id")
-            )
-            if isinstance(value, dict) and isinstance(old, dict) and same_component:
-                out[key] = deep_merge(old, value)
-            else:
-                out[key] = copy.deepcopy(value)
-    return out
+    return dotted.deep_merge(base, *overrides, replace=_new_reward)
 
 
 def smollm2_gguf_path() -> str:

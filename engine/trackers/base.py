@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine import dotted
 from engine.events import NullSink
 
 log = logging.getLogger("engine.trackers")
@@ -27,19 +28,15 @@ MAX_QUEUE = 10_000
 _STOP = object()
 
 
-def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested config → ``{"algorithm.learning_rate": 1e-5, ...}``; lists and empty mappings become JSON
-    text, because params/hparams hold scalars only."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, path))
-        elif isinstance(value, (dict, list, tuple)):
-            out[path] = json.dumps(value, ensure_ascii=False, default=str)
-        else:
-            out[path] = value
-    return out
+def flatten(config: dict[str, Any]) -> dict[str, Any]:
+    """Nested config → ``{"algorithm.learning_rate": 1e-5, ...}`` (``engine.dotted.flatten``); lists
+    and empty mappings become JSON text, because params/hparams hold scalars only."""
+    return {
+        path: json.dumps(value, ensure_ascii=False, default=str)
+        if isinstance(value, (dict, list, tuple))
+        else value
+        for path, value in dotted.flatten(config).items()
+    }
 
 
 def scalars(values: dict[str, Any]) -> dict[str, float]:

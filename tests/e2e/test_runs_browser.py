@@ -92,7 +92,7 @@ def test_live_generations_are_inserted_as_text_not_html(
     page: Any, asgi_server: Any, researcher: Any, login: Any
 ) -> None:
     """A generation arriving over the websocket is shown verbatim and never parsed as HTML."""
-    from webapp.runs import services
+    from webapp.runs import ingest, protocol, services
     from webapp.runs.broadcast import broadcast
     from webapp.runs.models import RunStatus
 
@@ -103,14 +103,14 @@ def test_live_generations_are_inserted_as_text_not_html(
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")
     expect(page.locator("#ws-state")).to_have_text("live")
     payload = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
-    rows = services.ingest_samples(
+    rows = ingest.ingest_samples(
         run.pk,
         3,
         "train",
         [{"prompt": f"p {payload}", "generation": f"g {payload}", "references": [], "reward": 0.5}],
     )
     # Broadcast from another thread: Playwright's event loop occupies this one.
-    sender = threading.Thread(target=broadcast, args=(run.pk, services.sample_message(rows)))
+    sender = threading.Thread(target=broadcast, args=(run.pk, protocol.samples_message(rows)))
     sender.start()
     sender.join()
     cell = page.locator("#samples-body td.generation").first
@@ -122,10 +122,10 @@ def test_live_generations_are_inserted_as_text_not_html(
 @pytest.mark.django_db(transaction=True)
 def test_zoom_fetches_full_resolution(page: Any, asgi_server: Any, researcher: Any, login: Any) -> None:
     """The overview of a long metric is downsampled; zooming loads every point of the range."""
-    from webapp.runs import services
+    from webapp.runs import ingest, services
 
     run = services.create_run({"name": "long"}, user=researcher)
-    services.ingest_metrics(run.pk, [("train/reward_mean", s, (s % 97) / 97) for s in range(20_000)])
+    ingest.ingest_metrics(run.pk, [("train/reward_mean", s, (s % 97) / 97) for s in range(20_000)])
     login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")
     page.wait_for_function("() => window.grueRun && window.grueRun.pointCount() > 0")
@@ -166,13 +166,13 @@ def test_run_page_first_paint_grid_order_and_caching(
     first screen are drawn first and those far below it only when the page scrolls near them, the
     page asks for no action buttons it already has, and a second visit takes the plotly bundle from
     the browser's cache (versioned URL)."""
-    from webapp.runs import services
+    from webapp.runs import ingest, services
     from webapp.runs.views import METRIC_GROUPS
 
     run = services.create_run({"name": "first-paint"}, user=researcher)
     keys = [prefixes[0] + ("mean" if prefixes[0].endswith("/") else "") for _g, _t, prefixes in METRIC_GROUPS]
     keys.append("misc/other")
-    services.ingest_metrics(run.pk, [(k, s, s * 0.5) for k in keys for s in range(50)])
+    ingest.ingest_metrics(run.pk, [(k, s, s * 0.5) for k in keys for s in range(50)])
     login(page, asgi_server.url, researcher)
     page.set_viewport_size({"width": 1280, "height": 800})
     page.add_init_script(RECORD_DRAW_ORDER)
@@ -253,13 +253,13 @@ def test_compare_groups_charts_keeps_constant_series_flat_and_ticks_readable(
     """The compare page in chromium: charts sit in the run page's groups; the EMA of a constant
     series is that constant at every point (no start-up dip, no rounding drift); tick labels use SI
     suffixes and never overlap; the partial plotly bundle holds exactly the app's trace types."""
-    from webapp.runs import services
+    from webapp.runs import ingest, services
 
     a = services.create_run({"name": "flat-a"}, user=researcher)
     b = services.create_run({"name": "flat-b"}, user=researcher)
     steps = range(0, 20_000, 50)  # 400 points up to step 19,950: the x axis needs "k" ticks
     for run, level in ((a, 0.1), (b, 0.3)):
-        services.ingest_metrics(
+        ingest.ingest_metrics(
             run.pk,
             [("train/reward_mean", s, level) for s in steps]  # constant
             + [("train/kl", s, 0.01 + (s % 700) / 1e5) for s in steps]
@@ -382,10 +382,10 @@ def test_run_page_preloads_its_chart_overview_once(
 ) -> None:
     """A first visit requests the chart overview from the HTML (a preload that runs while the
     plotly bundle loads) and the page's script uses that response: one request, not two."""
-    from webapp.runs import services
+    from webapp.runs import ingest, services
 
     run = services.create_run({"name": "preloaded"}, user=researcher)
-    services.ingest_metrics(run.pk, [("train/reward_mean", s, s / 100) for s in range(100)])
+    ingest.ingest_metrics(run.pk, [("train/reward_mean", s, s / 100) for s in range(100)])
     login(page, asgi_server.url, researcher)
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url) if "/series.json" in r.url else None)

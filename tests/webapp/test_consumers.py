@@ -16,7 +16,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from webapp.asgi import application
-from webapp.runs import consumers, lifecycle, protocol, services
+from webapp.runs import consumers, ingest, lifecycle, protocol
 from webapp.runs.models import Run
 from webapp.runs.recorder import Recorder
 
@@ -164,7 +164,7 @@ async def test_catch_up_from_cursor_then_live_without_gaps_or_duplicates(researc
 async def test_catch_up_of_more_than_one_chunk(researcher):
     run = await database_sync_to_async(_new_run)()
     n = consumers.CATCHUP_CHUNK * 2 + 123  # three pages of points
-    await database_sync_to_async(services.ingest_metrics)(run.pk, [("k", s, float(s)) for s in range(n)])
+    await database_sync_to_async(ingest.ingest_metrics)(run.pk, [("k", s, float(s)) for s in range(n)])
     comm = await _connect(researcher, run.pk)
     assert (await comm.connect())[0]
     await comm.send_json_to({"type": "subscribe", "after": {}})

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from annotation import exports
 from webapp import csvsafe
-from webapp.runs import services
+from webapp.runs import ingest
 from webapp.runs.models import Run
 
 
@@ -20,7 +20,7 @@ def _csv(response) -> list[list[str]]:
 
 def test_run_names_and_metric_keys_cannot_run_as_formulas(researcher_client):
     run = Run.objects.create(name='=HYPERLINK("http://evil.example","x")', config={})
-    services.ingest_metrics(
+    ingest.ingest_metrics(
         run.pk, [("+cmd|' /C calc'!A0", 0, -1.5), ("@sum(A1)", 1, 2.0), ("train/kl", 2, 0.5)]
     )
     resp = researcher_client.get(reverse("runs:export", args=[run.pk, "csv"]))
@@ -37,7 +37,7 @@ def test_run_names_and_metric_keys_cannot_run_as_formulas(researcher_client):
 
 def test_compare_export_is_guarded_too(researcher_client):
     a = Run.objects.create(name="-2+3", config={})
-    services.ingest_metrics(a.pk, [("k", 0, 1.0)])
+    ingest.ingest_metrics(a.pk, [("k", 0, 1.0)])
     resp = researcher_client.get(reverse("runs:compare_export", args=["csv"]) + f"?ids={a.pk}")
     assert resp.status_code == 200
     rows = _csv(resp)

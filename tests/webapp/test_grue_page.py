@@ -28,7 +28,9 @@ def test_grid_algorithm_from_config():
     assert grid_algorithm(cfg("nlpo", 3)) == "nlpo"
     assert grid_algorithm(cfg("ppo", 3, sft=True)) == "supervised_ppo"
     assert grid_algorithm(cfg("nlpo", 3, sft=True)) == "supervised_nlpo"
-    assert grid_algorithm(cfg("a2c", 3)) is None
+    assert grid_algorithm(cfg("a2c", 3)) == "a2c"
+    assert grid_algorithm(cfg("grpo", 3, sft=True)) == "supervised_grpo"
+    assert grid_algorithm(cfg("no_such_algorithm", 3)) is None
     # The presets land in the column they are named after.
     for alg in ("zero_shot", "supervised", "ppo", "nlpo", "supervised_ppo", "supervised_nlpo"):
         assert grid_algorithm(load_preset(f"imdb_{alg}")) == alg
@@ -94,7 +96,7 @@ def test_single_cell_row_and_model_filter():
 
 
 def _make_run(name, preset, status, eval_values=None, points=None, **overrides):
-    from webapp.runs import services
+    from webapp.runs import ingest, services
     from webapp.runs.models import Run
 
     config = load_preset(preset)
@@ -103,7 +105,7 @@ def _make_run(name, preset, status, eval_values=None, points=None, **overrides):
     run = services.create_run(config, name=name)
     Run.objects.filter(pk=run.pk).update(status=status, summary={"eval": eval_values} if eval_values else {})
     if points:
-        services.ingest_metrics(run.pk, points)
+        ingest.ingest_metrics(run.pk, points)
     return Run.objects.get(pk=run.pk)
 
 
@@ -206,7 +208,7 @@ def test_real_engine_runs_land_on_the_board(researcher_client, tmp_path):
     import engine
     from webapp.runs import services
     from webapp.runs.models import Run, RunStatus
-    from webapp.runs.tasks import DbSink
+    from webapp.runs.recorder import Recorder
 
     small = {
         "train": {
@@ -227,7 +229,7 @@ def test_real_engine_runs_land_on_the_board(researcher_client, tmp_path):
         if alg == "zero_shot":
             config["train"]["n_iters"] = 0
         run = services.create_run(config, name=f"syn-{alg}")
-        engine.train(run.config, sink=DbSink(run.pk, broadcast_enabled=False))
+        engine.train(run.config, sink=Recorder(run.pk, broadcast_enabled=False))
         Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
         ids[alg] = run.pk
 

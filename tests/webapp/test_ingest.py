@@ -10,7 +10,7 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from webapp.runs import ingest, lifecycle, protocol, queries, services
+from webapp.runs import ingest, lifecycle, protocol, queries
 from webapp.runs.models import MetricChunk, MetricPoint, Run, RunStatus
 from webapp.runs.recorder import Recorder
 
@@ -22,7 +22,7 @@ def run(db):
 
 def test_bulk_copy_inserts_everything_and_returns_cursor_ids(run):
     pts = [(f"k{i % 5}", i // 5, i * 0.5) for i in range(20_000)]
-    res = services.ingest_metrics(run.pk, pts)
+    res = ingest.ingest_metrics(run.pk, pts)
     assert res.received == 20_000 and len(res.inserted) == 20_000 and res.duplicates == 0
     ids = [r[0] for r in res.inserted]
     assert [(k, s, v) for _i, k, s, v in res.inserted] == pts  # in the order given
@@ -32,7 +32,7 @@ def test_bulk_copy_inserts_everything_and_returns_cursor_ids(run):
         assert [i for i, k, _s, _v in res.inserted if k == key] == sorted(
             i for i, k, _s, _v in res.inserted if k == key
         )
-    later = services.ingest_metrics(run.pk, [("k0", 10_000, 1.0), ("new", 0, 2.0)])
+    later = ingest.ingest_metrics(run.pk, [("k0", 10_000, 1.0), ("new", 0, 2.0)])
     assert min(i for i, *_ in later.inserted) > max(ids)
     assert queries.metric_cursor(run.pk) == max(i for i, *_ in later.inserted)
     assert [r[0] for r in queries.metrics_after(run.pk, max(ids))] == sorted(i for i, *_ in later.inserted)
@@ -43,18 +43,18 @@ def test_bulk_copy_inserts_everything_and_returns_cursor_ids(run):
 
 def test_replayed_batches_are_idempotent(run):
     batch = [("train/kl", s, s / 10) for s in range(100)]
-    first = services.ingest_metrics(run.pk, batch)
-    again = services.ingest_metrics(run.pk, batch)
+    first = ingest.ingest_metrics(run.pk, batch)
+    again = ingest.ingest_metrics(run.pk, batch)
     assert len(first.inserted) == 100 and again.inserted == [] and again.duplicates == 100
     # a replay that overlaps with new steps stores only the new ones; first value wins
-    mixed = services.ingest_metrics(run.pk, [("train/kl", 99, 123.0), ("train/kl", 100, 10.0)])
+    mixed = ingest.ingest_metrics(run.pk, [("train/kl", 99, 123.0), ("train/kl", 100, 10.0)])
     assert [(k, s, v) for _i, k, s, v in mixed.inserted] == [("train/kl", 100, 10.0)]
     assert MetricPoint.objects.get(run=run, key="train/kl", step=99).value == pytest.approx(9.9)
     assert MetricPoint.objects.filter(run=run).count() == 101
 
 
 def test_duplicates_inside_one_batch_and_special_values(run):
-    res = services.ingest_metrics(
+    res = ingest.ingest_metrics(
         run.pk, [("a", 1, 1.0), ("a", 1, 2.0), ("b", 1, float("nan")), ("c", 1, float("inf")), ("d", 1, None)]
     )
     assert len(res.inserted) == 4
@@ -75,10 +75,10 @@ def test_failed_batch_rolls_back_and_retry_creates_no_duplicates(transactional_d
     run = Run.objects.create(name="ingest", config={})
     good = [("x", s, float(s)) for s in range(50)]
     with pytest.raises(IntegrityError, match=f"run {run.pk + 10_000} does not exist"):
-        services.ingest_metrics(run.pk + 10_000, good)
+        ingest.ingest_metrics(run.pk + 10_000, good)
     assert MetricPoint.objects.count() == 0
-    services.ingest_metrics(run.pk, good[:30])  # partial success, then the whole batch is retried
-    services.ingest_metrics(run.pk, good)
+    ingest.ingest_metrics(run.pk, good[:30])  # partial success, then the whole batch is retried
+    ingest.ingest_metrics(run.pk, good)
     assert MetricPoint.objects.filter(run=run).count() == 50
     # the retry stored only the 20 missing steps, as one chunk after the first one
     chunks = list(MetricChunk.objects.filter(run=run).order_by("id").values_list("first_step", "last_step"))
@@ -95,7 +95,7 @@ def test_deleting_a_run_while_a_batch_is_being_stored_leaves_no_orphan_points(tr
     def writer() -> None:
         try:
             with transaction.atomic():
-                services.ingest_metrics(run.pk, [("x", s, 1.0) for s in range(500)])
+                ingest.ingest_metrics(run.pk, [("x", s, 1.0) for s in range(500)])
                 stored.set()
                 go_on.wait(30)
         finally:
@@ -123,7 +123,7 @@ def test_deleting_a_run_while_a_batch_is_being_stored_leaves_no_orphan_points(tr
     assert not Run.objects.filter(pk=run.pk).exists()
     assert MetricPoint.objects.filter(run_id=run.pk).count() == 0
     with pytest.raises(IntegrityError, match="does not exist"):
-        services.ingest_metrics(run.pk, [("x", 1000, 1.0)])
+        ingest.ingest_metrics(run.pk, [("x", 1000, 1.0)])
     assert MetricPoint.objects.filter(run_id=run.pk).count() == 0
 
 
@@ -162,7 +162,7 @@ def test_downsampling_keeps_peaks_and_zoom_gives_full_resolution(run):
     pts = [("loss", s, math.sin(s / 1000.0)) for s in range(n)]
     pts[54_321] = ("loss", 54_321, 50.0)  # one spike
     pts[77_777] = ("loss", 77_777, -40.0)  # one dip
-    services.ingest_metrics(run.pk, pts, returning=False)
+    ingest.ingest_metrics(run.pk, pts, returning=False)
     s = queries.metric_series(run.pk, "loss", max_points=1000)
     assert s["downsampled"] and s["total"] == n and len(s["x"]) <= 1000
     assert max(s["y"]) == 50.0 and 54_321 in s["x"]
@@ -178,11 +178,11 @@ def test_downsampling_keeps_peaks_and_zoom_gives_full_resolution(run):
 
 
 def test_series_cache_sees_new_points(run):
-    services.ingest_metrics(run.pk, [("r", s, 0.0) for s in range(5000)], returning=False)
+    ingest.ingest_metrics(run.pk, [("r", s, 0.0) for s in range(5000)], returning=False)
     first = queries.metric_series(run.pk, "r", max_points=100)
     assert max(first["y"]) == 0.0 and first["total"] == 5000
     assert queries.metric_series(run.pk, "r", max_points=100) == first  # served again (cached)
-    services.ingest_metrics(run.pk, [("r", 5000, 7.0)])
+    ingest.ingest_metrics(run.pk, [("r", 5000, 7.0)])
     again = queries.metric_series(run.pk, "r", max_points=100)
     assert again["total"] == 5001 and again["x"][-1] == 5000 and max(again["y"]) == 7.0
 
@@ -236,13 +236,13 @@ def test_rollup_from_the_batch_in_hand_equals_the_rollup_computed_by_sql_from_st
             for key in ("a", "b/c", "ü"):
                 v = rng.choice(specials) if rng.random() < 0.2 else round(rng.gauss(0, 1), 1)  # many ties
                 pts.append((key, step, v))
-        services.ingest_metrics(run.pk, pts)
+        ingest.ingest_metrics(run.pk, pts)
     # The merging path too: a batch that revisits stored steps, fills the gap 1400-1499, goes past
     # the tail, backwards, and repeats a step (only its new points count); and a key whose second
     # batch interleaves with its first.
     back = [("a", s, rng.gauss(0, 1)) for s in range(2300, 1350, -1)] + [("a", 2200, 99.0)]
-    services.ingest_metrics(run.pk, back + [("gap", s, float(s % 7)) for s in range(0, 3000, 2)])
-    services.ingest_metrics(run.pk, [("gap", s, -float(s % 5)) for s in range(1, 3000, 2)])
+    ingest.ingest_metrics(run.pk, back + [("gap", s, float(s % 7)) for s in range(0, 3000, 2)])
+    ingest.ingest_metrics(run.pk, [("gap", s, -float(s % 5)) for s in range(1, 3000, 2)])
     assert MetricPoint.objects.filter(run=run, key="a").count() == 2301
     assert MetricPoint.objects.filter(run=run, key="gap").count() == 3000
     cols = "key, level, bucket, n, min_value, min_step, max_value, max_step"

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import queued_messages
 from tests.helpers import TINY
 from webapp.celery import app as celery_app
-from webapp.runs import lifecycle, queries, services
+from webapp.runs import ingest, lifecycle, paths, queries, services
 from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus, Sample
 
 
@@ -135,7 +135,7 @@ def test_clone_retry_delete(researcher, scratch_queue):
     assert clone.config["train"]["n_iters"] == 3 and clone.tags == ["a"]
     # a finished run with data is retried as a new run so curves never mix
     Run.objects.filter(pk=run.pk).update(status=RunStatus.FAILED, started_at=run.created)
-    services.ingest_metrics(run.pk, [("train/kl", 0, 0.1)])
+    ingest.ingest_metrics(run.pk, [("train/kl", 0, 0.1)])
     new = lifecycle.retry_run(run)
     assert new.pk != run.pk and new.cloned_from_id == run.pk and new.status == RunStatus.QUEUED
     with pytest.raises(services.InvalidState):
@@ -220,12 +220,12 @@ def test_check_path_stays_inside_allowed_roots(tmp_path, settings):
     settings.ALLOWED_ROOTS = [tmp_path]
     inside = tmp_path / "a" / "b"
     inside.mkdir(parents=True)
-    assert services.check_path(inside) == inside
+    assert paths.check_path(inside) == inside
     with pytest.raises(services.PathNotAllowed):
-        services.check_path(tmp_path / ".." / "etc")
+        paths.check_path(tmp_path / ".." / "etc")
     (tmp_path / "link").symlink_to("/etc")
     with pytest.raises(services.PathNotAllowed):
-        services.check_path(tmp_path / "link" / "passwd")
+        paths.check_path(tmp_path / "link" / "passwd")
 
 
 @pytest.mark.django_db
@@ -285,7 +285,7 @@ def test_run_table_filters_sort_pagination_and_metric_columns(researcher):
         r = services.create_run(
             cfg, user=researcher, name=f"run {i}", tags=["even"] if i % 2 == 0 else ["odd"]
         )
-        services.update_last_metrics(r.pk, {"train/reward_mean": float(i % 7)})
+        ingest.update_last_metrics(r.pk, {"train/reward_mean": float(i % 7)})
         runs.append(r)
     Run.objects.filter(pk=runs[5].pk).update(status=RunStatus.FAILED)
     t = queries.run_table({"algorithm": "nlpo", "per_page": "4", "page": "2"})
@@ -311,15 +311,15 @@ def test_config_diff_final_metrics_and_side_by_side(researcher):
     )
     diff = {d["key"]: d["values"] for d in queries.config_diff([a, b])}
     assert diff == {"name": ["a", "b"], "algorithm.learning_rate": [1e-5, 3e-5]}
-    services.update_last_metrics(a.pk, {"eval/x": 1.0})
+    ingest.update_last_metrics(a.pk, {"eval/x": 1.0})
     a.refresh_from_db()
     fm = queries.final_metrics([a, b])
     assert fm["keys"] == ["eval/x"] and fm["rows"][1]["values"] == {"eval/x": None}
     for run, gen in ((a, "g-a"), (b, "g-b")):
-        services.ingest_samples(
+        ingest.ingest_samples(
             run.pk, 1, "validation", [{"prompt": "p", "generation": "old", "sample_id": "s1"}]
         )
-        services.ingest_samples(
+        ingest.ingest_samples(
             run.pk,
             2,
             "validation",
@@ -333,7 +333,7 @@ def test_config_diff_final_metrics_and_side_by_side(researcher):
 @pytest.mark.django_db
 def test_exports(researcher):
     r = services.create_run(TINY, user=researcher, name='quote "me", please')
-    services.ingest_metrics(r.pk, [("k", 0, 1.5), ("k", 1, float("nan"))])
+    ingest.ingest_metrics(r.pk, [("k", 0, 1.5), ("k", 1, float("nan"))])
     text = "".join(queries.metrics_csv([r.pk]))
     lines = text.strip().splitlines()
     assert lines[0] == "run_id,run_name,key,step,value,time"

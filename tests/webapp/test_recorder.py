@@ -14,7 +14,7 @@ from channels.layers import get_channel_layer
 
 import engine
 from tests.helpers import tiny_run_config
-from webapp.runs import protocol, queries, services
+from webapp.runs import ingest, protocol, queries
 from webapp.runs.models import MetricPoint, MetricRollup, Run, RunLog, Sample, group_name
 from webapp.runs.recorder import Recorder
 
@@ -154,8 +154,8 @@ def test_rollup_matches_the_points_and_ignores_replays():
     vals[777] = float("nan")
     pts = [("m", s, v) for s, v in enumerate(vals)]
     for i in range(0, n, 7_000):  # batches that cut through buckets
-        services.ingest_metrics(run.pk, pts[i : i + 7_000], returning=False)
-    services.ingest_metrics(run.pk, pts[:20_000], returning=False)  # a replay adds nothing
+        ingest.ingest_metrics(run.pk, pts[i : i + 7_000], returning=False)
+    ingest.ingest_metrics(run.pk, pts[:20_000], returning=False)  # a replay adds nothing
     for level in (0, 3):
         width = 16 * 4**level
         expected: dict[int, list] = {}  # bucket -> [count, (min value, step), (max value, step)]
@@ -176,7 +176,7 @@ def test_cold_chart_reads_the_rollup_and_keeps_the_peaks():
     pts = [("loss", s, math.sin(s / 1000.0)) for s in range(n)]
     pts[54_321] = ("loss", 54_321, 50.0)
     pts[77_777] = ("loss", 77_777, -40.0)
-    services.ingest_metrics(run.pk, pts, returning=False)
+    ingest.ingest_metrics(run.pk, pts, returning=False)
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 

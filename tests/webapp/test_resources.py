@@ -41,7 +41,7 @@ def test_runs_go_to_a_worker_that_can_serve_their_devices(worker_factory, resear
     gpu = worker_factory(
         queue=f"{queue}-idle", extra_env={**env, "GRUE_WORKER_DEVICES": "cuda", "GRUE_WORKER_GPUS": "2"}
     )
-    assert services.run_queue({"resources": {"devices": "cuda"}}) == f"{queue}-gpu"
+    assert workers.run_queue({"resources": {"devices": "cuda"}}) == f"{queue}-gpu"
 
     seen = wait_for(
         lambda: (

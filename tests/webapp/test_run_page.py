@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils.html import escape
 
 from tests.helpers import TINY
-from webapp.runs import extensions, lifecycle, services
+from webapp.runs import extensions, ingest, lifecycle, services
 from webapp.runs.models import Checkpoint, Run, RunStatus
 
 pytestmark = pytest.mark.django_db
@@ -151,7 +151,7 @@ def test_series_answers_gzip_with_the_status_of_one_run_read(
     import gzip
 
     run = services.create_run(TINY, user=researcher)
-    services.ingest_metrics(
+    ingest.ingest_metrics(
         run.pk, [(k, s, s / 7) for k in ("train/reward_mean", "loss/policy") for s in range(3000)]
     )
     Run.objects.filter(pk=run.pk).update(status=RunStatus.FAILED, error="boom", progress=0.5)
@@ -177,7 +177,7 @@ def test_series_from_the_cached_text_is_fresh_where_it_must_be(
     a new point of the run is in the next answer (the cache is versioned by the newest metric id),
     and the run's name and status are always read fresh (they change without a new point)."""
     run = services.create_run(TINY, user=researcher)
-    services.ingest_metrics(run.pk, [("train/reward_mean", s, s / 3) for s in range(10)])
+    ingest.ingest_metrics(run.pk, [("train/reward_mean", s, s / 3) for s in range(10)])
     url = f"/runs/{run.pk}/series.json?max_points=1000"
     first = json.loads(researcher_client.get(url).content)
     again = json.loads(researcher_client.get(url).content)  # from the cached text
@@ -187,7 +187,7 @@ def test_series_from_the_cached_text_is_fresh_where_it_must_be(
     renamed = json.loads(researcher_client.get(url).content)
     assert renamed["run"]["name"] == "renamed" and renamed["status"]["status"] == "succeeded"
     assert renamed["series"] == first["series"]
-    services.ingest_metrics(run.pk, [("train/reward_mean", 10, 9.0), ("loss/policy", 0, 1.5)])
+    ingest.ingest_metrics(run.pk, [("train/reward_mean", 10, 9.0), ("loss/policy", 0, 1.5)])
     grown = json.loads(researcher_client.get(url).content)
     assert grown["series"]["train/reward_mean"]["x"][-1] == 10 and grown["series"]["loss/policy"]["y"] == [
         1.5

@@ -17,7 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from tests.helpers import TINY
-from webapp.runs import lifecycle, services
+from webapp.runs import ingest, lifecycle, services
 from webapp.runs.forms import default_config, form_data_from_config, schema_fields
 from webapp.runs.models import MetricPoint, Run, RunLog, RunStatus, Sample
 
@@ -330,7 +330,7 @@ def test_run_page_and_series_endpoint(researcher_client: Client, researcher: Any
         current_iter=5,
         total_iters=20,
     )
-    services.ingest_metrics(
+    ingest.ingest_metrics(
         run.pk,
         [("train/reward_mean", s, s / 10) for s in range(50)] + [("loss/policy", s, -s) for s in range(50)],
     )
@@ -358,7 +358,7 @@ def test_run_page_and_series_endpoint(researcher_client: Client, researcher: Any
 @pytest.mark.django_db
 def test_metrics_download_csv_and_json(researcher_client: Client, researcher: Any) -> None:
     run = make_run(researcher)
-    services.ingest_metrics(run.pk, [("train/kl", s, 0.5 * s) for s in range(3)])
+    ingest.ingest_metrics(run.pk, [("train/kl", s, 0.5 * s) for s in range(3)])
     r = researcher_client.get(f"/runs/{run.pk}/metrics.csv")
     assert r["Content-Disposition"].endswith('.csv"')
     rows = list(csv.reader(io.StringIO(b"".join(r.streaming_content).decode())))
@@ -558,10 +558,8 @@ def test_compare_charts_are_grouped_like_the_run_page(researcher_client: Client,
     """One chart per metric, inside the run page's groups (views.metric_group), in their order."""
     a = make_run(researcher, name="a")
     b = make_run(researcher, name="b")
-    services.ingest_metrics(a.pk, [("eval/bleu", 1, 0.2), ("train/reward_mean", 1, 0.5), ("custom/x", 1, 1)])
-    services.ingest_metrics(
-        b.pk, [("train/kl", 1, 0.1), ("train/reward_mean", 1, 0.7), ("loss/policy", 1, 2)]
-    )
+    ingest.ingest_metrics(a.pk, [("eval/bleu", 1, 0.2), ("train/reward_mean", 1, 0.5), ("custom/x", 1, 1)])
+    ingest.ingest_metrics(b.pk, [("train/kl", 1, 0.1), ("train/reward_mean", 1, 0.7), ("loss/policy", 1, 2)])
     html = researcher_client.get("/compare/", {"ids": f"{a.pk},{b.pk}"}).content.decode()
     charts = html[
         html.index('<div id="charts" class="chart-groups">') : html.index("<h2>Config differences</h2>")

@@ -14,8 +14,8 @@ from tests.conftest import start_watchdog, status_of
 from tests.helpers import tiny_run_config
 from webapp import watchdog
 from webapp.runs import lifecycle
+from webapp.runs.ingest import add_checkpoint
 from webapp.runs.models import Checkpoint, MetricPoint, Run, RunStatus
-from webapp.runs.services import add_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

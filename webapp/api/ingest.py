@@ -1,12 +1,13 @@
 """Storing a remote run's event batches exactly as the worker's recorder stores its flushes.
 
-Why a subclass of the recorder: a run streamed from another machine must look exactly like a worker's
+Why the recorder's translation: a run streamed from another machine must look exactly like a worker's
 run — the same rows (points with their rollup, keyed log lines including the per-iteration and
 evaluation lines, samples replacing a re-executed step, checkpoints, progress and heartbeat, summary)
-and the same live message (one ``protocol.batch_message`` per batch, in event order). ``BatchRecorder``
-is the worker's ``Recorder`` whose queue is a list: the API feeds it the events of one batch through
-the same sink methods the engine calls, then stores them in one transaction with the recorder's own
-``_store_once`` together with the batch id (``ApiBatch``), and broadcasts after the commit.
+and the same live message (one ``protocol.batch_message`` per batch, in event order). So a batch's
+events are built by the same ``translation.EventBuilder`` the worker's recorder uses (with the
+client's times) and stored by the same ``translation.store_events``, in one transaction together with
+the batch id (``ApiBatch``); the message is broadcast after the commit. Only the delivery differs: no
+queue or thread, the request itself waits for its batch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from webapp.api.models import ApiBatch
 from webapp.runs import protocol
 from webapp.runs.broadcast import broadcast
 from webapp.runs.models import Run
-from webapp.runs.recorder import Recorder, RecorderError, _Barrier, _Event, _jsonable, pg_text
+from webapp.runs.translation import Event, EventBuilder, RunGone, message_lines, store_events
 
 EVENT_TYPES = ("run_started", "progress", "metrics", "samples", "checkpoint", "log", "finished", "failed")
 MAX_EVENTS = 5000
@@ -33,48 +34,37 @@ MAX_POINTS = 50_000
 MAX_SAMPLE_ROWS = 2000
 
 
-class BatchRecorder(Recorder):
-    """A ``Recorder`` that collects events instead of queueing them for a thread (see module doc)."""
+class EventBatch:
+    """One API batch's events, collected in order through the recorder's ``EventBuilder``, each at
+    the client's time when the event named one (points keep when they happened, not when they arrived)."""
 
     def __init__(self, run_id: int, host: str):
-        super().__init__(run_id, broadcast_enabled=False)
+        self.run_id = run_id
         self.host = host
-        self.events: list[_Event] = []
+        self.events: list[Event] = []
         self._event_time: datetime | None = None
+        self.build = EventBuilder(self._add)
 
-    def _put(self, item: _Event | _Barrier) -> None:
-        if isinstance(item, _Event):
-            if self._event_time is not None:
-                item.time = self._event_time
-            self.events.append(item)
+    def _add(self, event: Event) -> None:
+        if self._event_time is not None:
+            event.time = self._event_time
+        self.events.append(event)
 
     def at(self, when: datetime | None) -> None:
-        """The client's time of the next events (points keep when they happened, not when they arrived)."""
+        """The client's time of the next events (None: the time they arrive)."""
         self._event_time = when
 
     def run_started(self, config: dict[str, Any], run_dir: str | None = None) -> None:
-        # The run directory is on the client's machine: it is named in the log, never recorded as a
-        # directory of this server (delete and resume must not touch a local path of that name).
-        algo = (config.get("algorithm") or {}).get("id")
-        model = (config.get("model") or {}).get("name_or_path")
-        task = (config.get("task") or {}).get("id")
-        self.log(f"started on {self.host} (remote): {algo} on {model}, task {task}; run dir {run_dir or '-'}")
+        self.build.run_started(config, run_dir, host=self.host, remote=True)
 
     def log_keyed(self, message: str, key: str | None) -> None:
+        """A log event with the client's key (re-sent lines are stored once); without one, free lines."""
         if not key:
-            self.log(message)
+            self.build.log(message)
             return
-        lines = [ln for ln in str(message).splitlines() if ln.strip()] or [str(message)]
+        lines = message_lines(message)
         keys = [f"api:{key}"[:64]] if len(lines) == 1 else [f"api:{key}:{i}"[:64] for i in range(len(lines))]
-        self._log(lines, keys)
-
-    def finished(self, summary: dict[str, Any]) -> None:
-        self._event("finished", summary=_jsonable(summary))
-        self.log(f"finished after {summary.get('iterations', '?')} iterations")
-
-    def failed(self, error: str, traceback: str) -> None:
-        self._event("failed", error=pg_text(str(error))[:10000], traceback=pg_text(str(traceback)))
-        self.log(f"failed: {error}")
+        self.build.log_lines(lines, keys)
 
 
 # --------------------------------------------------------------------------- validation
@@ -155,7 +145,7 @@ class BatchResult:
     points_sent: int
 
 
-def feed(rec: BatchRecorder, events: Any) -> int:
+def feed(rec: EventBatch, events: Any) -> int:
     """Validate every event and feed it to ``rec`` through the sink methods; returns the point count.
     Nothing is stored if any event is invalid (the error names ``events[i].field``)."""
     if not isinstance(events, list):
@@ -185,10 +175,10 @@ def feed(rec: BatchRecorder, events: Any) -> int:
             points += len(clean)
             if points > MAX_POINTS:
                 raise ApiError(413, f"at most {MAX_POINTS} metric points per batch", f"{where}.values")
-            rec.metrics(_int(ev.get("step"), f"{where}.step"), clean)
+            rec.build.metrics(_int(ev.get("step"), f"{where}.step"), clean)
         elif kind == "progress":
             eta = _number(ev.get("eta_seconds"), f"{where}.eta_seconds")
-            rec.progress(
+            rec.build.progress(
                 _int(ev.get("iteration"), f"{where}.iteration", 0, INT32_MAX),
                 _int(ev.get("total"), f"{where}.total", 0, INT32_MAX),
                 None if eta is None or not math.isfinite(eta) else eta,
@@ -206,14 +196,14 @@ def feed(rec: BatchRecorder, events: Any) -> int:
             append = ev.get("append", False)
             if not isinstance(append, bool):
                 raise ApiError(400, "must be true or false", f"{where}.append")
-            rec.samples(
+            rec.build.samples(
                 _int(ev.get("step"), f"{where}.step"),
                 _str(ev.get("split", "train"), f"{where}.split", max_len=32),
                 rows,
                 append=append,
             )
         elif kind == "checkpoint":
-            rec.checkpoint(
+            rec.build.checkpoint(
                 _int(ev.get("step"), f"{where}.step"), _str(ev.get("path"), f"{where}.path", max_len=1000)
             )
         elif kind == "log":
@@ -230,9 +220,9 @@ def feed(rec: BatchRecorder, events: Any) -> int:
             summary = ev.get("summary") or {}
             if not isinstance(summary, dict):
                 raise ApiError(400, "must be an object", f"{where}.summary")
-            rec.finished(summary)
+            rec.build.finished(summary)
         elif kind == "failed":
-            rec.failed(
+            rec.build.failed(
                 _str(ev.get("error"), f"{where}.error"),
                 _str(ev.get("traceback", ""), f"{where}.traceback", max_len=200_000),
             )
@@ -244,14 +234,15 @@ def store_batch(run_id: int, batch_id: str, events: Any, host: str) -> BatchResu
     batch_id = _str(batch_id, "batch_id", max_len=64)
     if not batch_id.strip():
         raise ApiError(400, "a non-empty client batch id is required (re-sends must repeat it)", "batch_id")
-    rec = BatchRecorder(run_id, host)
+    rec = EventBatch(run_id, host)
     points = feed(rec, events)
     if ApiBatch.objects.filter(run_id=run_id, batch_id=batch_id).exists():
         return BatchResult(True, len(events), 0, points)
     try:
         with transaction.atomic():
             ApiBatch.objects.create(run_id=run_id, batch_id=batch_id, events=len(events))
-            messages = rec._store_once(rec.events) if rec.events else []
+            stored = store_events(run_id, rec.events) if rec.events else None
+            messages = stored.messages() if stored else []
     except IntegrityError:
         # Either the same batch sent twice at once (the other request committed its id first: this
         # one is a duplicate, delivered) or the run was deleted meanwhile (a foreign-key failure:
@@ -261,10 +252,10 @@ def store_batch(run_id: int, batch_id: str, events: Any, host: str) -> BatchResu
         if not Run.objects.filter(pk=run_id).exists():
             raise ApiError(404, f"run #{run_id} was deleted; nothing stored", "run_id") from None
         raise
-    except RecorderError:
+    except RunGone:
         if not Run.objects.filter(pk=run_id).exists():
             raise ApiError(404, f"run #{run_id} was deleted; nothing stored", "run_id") from None
         raise
     if messages:
         broadcast(run_id, protocol.flush_message(messages))
-    return BatchResult(False, len(events), rec.points_stored, points)
+    return BatchResult(False, len(events), stored.points if stored else 0, points)

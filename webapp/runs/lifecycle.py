@@ -35,11 +35,12 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from webapp.celery import app as celery_app
-from webapp.runs import paths, services
-from webapp.runs.broadcast import broadcast, status_message
+from webapp.runs import paths, services, workers
+from webapp.runs.broadcast import broadcast
 from webapp.runs.errors import BrokerUnavailable, InvalidState, ServiceError
 from webapp.runs.ingest import pg_text
 from webapp.runs.models import ACTIVE_STATUSES, Artifact, Project, Run, RunStatus
+from webapp.runs.protocol import status_message
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def publish(run_id: int, task_id: str) -> None:
                 EXECUTE_TASK,
                 args=[run_id],
                 task_id=task_id,
-                queue=services.run_queue(Run.objects.only("config").get(pk=run_id).config),
+                queue=workers.run_queue(Run.objects.only("config").get(pk=run_id).config),
                 retry=False,
                 connection=conn,
             )

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.cache import cache
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 from django.db.models import F, FloatField, Q, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
+from engine.dotted import flatten  # also forms.py's queries.flatten (config field paths)
 from webapp import csvsafe
 from webapp.runs.ingest import ROLLUP_LEVELS, rollup_width
 from webapp.runs.models import (
@@ -478,6 +480,37 @@ def cached_series_text(
     return version[0], text
 
 
+def run_series_text(
+    run: Run,
+    keys: list[str] | None,
+    *,
+    max_points: int,
+    x0: float | None,
+    x1: float | None,
+    group_of: Callable[[str], str],
+) -> str:
+    """The run page's chart data as JSON text: ``{"run", "cursor", "status", "series", "groups"}``.
+
+    The series part comes from the chart cache as finished JSON text (``cached_series_text``; the
+    cursor is the newest metric id, read BEFORE the series, so the websocket catch-up from it can
+    only repeat points, never miss one); the run's name and status are read fresh by the caller
+    (``run`` needs ``pk``, ``name`` and ``protocol.STATUS_FIELDS``) and spliced in front of it as
+    text, so a cached overview is never decoded and encoded again. ``group_of`` names a key's chart
+    group (the page's layout, which the view owns)."""
+
+    def series_json(version: tuple[int, list[Any]]) -> str:
+        series = metric_series_many(run.pk, keys, max_points=max_points, x0=x0, x1=x1, _version=version)
+        groups = {k: group_of(k) for k in series}
+        return json.dumps({"series": series, "groups": groups}, cls=DjangoJSONEncoder)
+
+    cursor, tail = cached_series_text(run.pk, ["series.json", keys, max_points, x0, x1], series_json)
+    head = json.dumps(
+        {"run": {"id": run.pk, "name": run.name}, "cursor": cursor, "status": status_message(run)},
+        cls=DjangoJSONEncoder,
+    )
+    return head[:-1] + ", " + tail[1:]  # both are JSON objects: one object with the keys of both
+
+
 def metric_cursor(run_id: int) -> int:
     """The largest metric point id of a run: the cursor to subscribe after a full page load (the last
     point of the run's newest chunk, one index probe)."""
@@ -618,18 +651,6 @@ def metrics_json_text(run_ids: Iterable[int], keys: Iterable[str] | None = None)
 
 
 # --------------------------------------------------------------------------- compare
-
-
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``; lists stay leaves (config diffs, form field paths)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        path = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, path))
-        else:
-            out[path] = v
-    return out
 
 
 def config_diff(runs: Sequence[Run]) -> list[dict[str, Any]]:

@@ -9,41 +9,26 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from engine import launch_checks
 from engine.config import ConfigError, parse_config
-from webapp.runs import paths
-from webapp.runs.broadcast import clean_float
-from webapp.runs.errors import (  # noqa: F401 - re-exported: callers catch services.ServiceError & co.
+from engine.jsonl import iter_jsonl
+from webapp.runs import ingest, paths, protocol
+from webapp.runs.errors import (  # noqa: F401 - what these functions raise: callers catch services.ServiceError & co.
     BrokerUnavailable,
     ConfigInvalid,
     InvalidState,
     PathNotAllowed,
     ServiceError,
 )
-
-# The ingest SQL lives in webapp/runs/ingest.py and the live messages in webapp/runs/protocol.py;
-# these names stay importable from here.
-from webapp.runs.ingest import (  # noqa: F401
-    IngestResult,
-    add_checkpoint,
-    add_log_lines,
-    ingest_metrics,
-    ingest_samples,
-    update_last_metrics,
-)
 from webapp.runs.models import REFERENCE_TAG, Project, Run, RunStatus
-from webapp.runs.paths import check_path, read_roots  # noqa: F401 - re-exported for other apps
-from webapp.runs.protocol import sample_row  # noqa: F401
-from webapp.runs.protocol import samples_message as sample_message  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -143,19 +128,6 @@ def run_dir_owner(path: Path, *, exclude: int | None = None) -> Run | None:
         .order_by("pk")
         .first()
     )
-
-
-#: Suffix of the queue GPU runs go to: ``runs`` (CPU) and ``runs-gpu`` by default.
-GPU_QUEUE_SUFFIX = "-gpu"
-
-
-def run_queue(config: dict[str, Any] | None = None) -> str:
-    """The Celery queue a run is sent to: the CPU queue (``CELERY_QUEUE``, tests use one of their
-    own), or its ``-gpu`` twin when the config's ``resources.devices`` is ``cuda``. Workers on a GPU
-    host consume both (webapp/runs/workers.py), CPU-only workers only the first."""
-    base = settings.CELERY_TASK_DEFAULT_QUEUE
-    devices = ((config or {}).get("resources") or {}).get("devices", "cpu")
-    return base + GPU_QUEUE_SUFFIX if devices == "cuda" else base
 
 
 def _denormalise(run: Run) -> None:
@@ -277,19 +249,10 @@ def update_run_meta(
 # --------------------------------------------------------------------------- import of CLI runs
 
 
-def _read_jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
-    with path.open() as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ServiceError(f"{path}: line {lineno}: bad JSON: {exc.msg}") from None
-            if not isinstance(obj, dict):
-                raise ServiceError(f"{path}: line {lineno}: expected a JSON object")
-            yield lineno, obj
+def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A run directory's JSONL file, line by line (a bad line is a ``ServiceError`` naming file and line)."""
+    with path.open(encoding="utf-8") as fh:
+        yield from iter_jsonl(fh, str(path), error=ServiceError)
 
 
 _METRIC_META_KEYS = {"step", "time", "timestamp", "event", "type", "iteration", "split", "phase"}
@@ -330,7 +293,7 @@ def import_run_dir(
 ) -> Run:
     """Import a run directory written by the CLI (config.json, metrics.jsonl, samples.jsonl,
     checkpoints/) as a finished Run. The path must be inside the allowed roots."""
-    root = check_path(path)
+    root = paths.check_path(path)
     if not root.is_dir():
         raise ServiceError(f"{root}: not a directory")
     existing = Run.objects.filter(run_dir=str(root)).first()
@@ -400,9 +363,9 @@ def _import_rows(
                 last[k] = v
             max_step = max(max_step, s)
             if len(batch) >= 20000:
-                ingest_metrics(run.pk, batch, returning=False)
+                ingest.ingest_metrics(run.pk, batch, returning=False)
                 batch = []
-        ingest_metrics(run.pk, batch, returning=False)
+        ingest.ingest_metrics(run.pk, batch, returning=False)
     samples_path = root / "samples.jsonl"
     if samples_path.exists():
         groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
@@ -411,13 +374,13 @@ def _import_rows(
                 raise ServiceError(f"{samples_path}: line {lineno}: a sample needs 'prompt' and 'generation'")
             groups.setdefault((int(obj.get("step", 0)), str(obj.get("split", "train"))), []).append(obj)
         for (step, split), rows in groups.items():
-            ingest_samples(run.pk, step, split, rows)
+            ingest.ingest_samples(run.pk, step, split, rows)
     ckdir = root / "checkpoints"
     if ckdir.is_dir():
         for d in sorted(ckdir.iterdir()):
             digits = "".join(ch for ch in d.name if ch.isdigit())
             if digits:
-                add_checkpoint(run.pk, int(digits), str(d))
+                ingest.add_checkpoint(run.pk, int(digits), str(d))
     summary_path = root / "summary.json"
     summary: dict[str, Any] = {}
     if summary_path.exists():
@@ -426,7 +389,7 @@ def _import_rows(
         except json.JSONDecodeError:
             summary = {}
     run.summary = summary if isinstance(summary, dict) else {}
-    run.last_metrics = {k: clean_float(v) for k, v in last.items()}
+    run.last_metrics = {k: protocol.clean_float(v) for k, v in last.items()}
     run.status = RunStatus.SUCCEEDED
     run.progress = 1.0
     run.current_iter = max_step

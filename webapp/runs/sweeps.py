@@ -18,6 +18,7 @@ import yaml
 from django.db import connection, transaction
 
 from engine import yamlio
+from engine.dotted import flatten
 from engine.sweep import SweepError, sweep_from_data
 from webapp.runs import lifecycle, queries
 from webapp.runs.models import ACTIVE_STATUSES, MetricPoint, Run
@@ -89,18 +90,9 @@ def sweep_runs(tag: str) -> list[Run]:
     return list(Run.objects.filter(tags__contains=[tag]).order_by("id"))
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: data}
-
-
 def varied_paths(runs: list[Run]) -> list[str]:
     """Config paths whose values differ between the runs (the sweep's hyperparameters)."""
-    flat = [_flatten(r.config or {}) for r in runs]
+    flat = [flatten(r.config or {}, empty=False) for r in runs]
     keys = sorted({k for f in flat for k in f} - _NOT_VARIED)
     return [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
 
@@ -124,7 +116,7 @@ def sweep_table(tag: str, metric: str) -> dict[str, Any]:
     values = final_metrics(runs, metric)
     rows = []
     for i, run in enumerate(runs):
-        flat = _flatten(run.config or {})
+        flat = flatten(run.config or {}, empty=False)
         rows.append(
             {
                 "run": run,

@@ -28,9 +28,6 @@ from webapp.runs.recorder import Recorder, with_db_retry
 
 log = logging.getLogger(__name__)
 
-# The recorder moved to webapp/runs/recorder.py; the old name stays importable until callers switch.
-DbSink = Recorder
-
 
 @shared_task(name=lifecycle.EXECUTE_TASK, bind=True, acks_late=False, ignore_result=True)
 def execute_run(self: Any, run_id: int) -> str:

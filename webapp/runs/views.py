@@ -17,7 +17,6 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.core.serializers.json import DjangoJSONEncoder
 from django.http import (
     Http404,
     HttpRequest,
@@ -528,21 +527,8 @@ def run_series(request: HttpRequest, pk: int) -> HttpResponse:
     keys_raw = request.GET.get("keys", "")
     keys = [k for k in keys_raw.split(",") if k] if keys_raw else None
 
-    def series_json(version: tuple[int, list[Any]]) -> str:
-        series = queries.metric_series_many(
-            run.pk, keys, max_points=max_points, x0=x0, x1=x1, _version=version
-        )
-        groups = {k: metric_group(k) for k in series}
-        return json.dumps({"series": series, "groups": groups}, cls=DjangoJSONEncoder)
-
-    # The series part comes from the chart cache as finished JSON text (the cursor is the newest metric
-    # id read before it); the run's name and status are read fresh and spliced in front of it.
-    cursor, tail = queries.cached_series_text(run.pk, ["series.json", keys, max_points, x0, x1], series_json)
-    head = json.dumps(
-        {"run": {"id": run.pk, "name": run.name}, "cursor": cursor, "status": protocol.status_message(run)},
-        cls=DjangoJSONEncoder,
-    )
-    return HttpResponse(head[:-1] + ", " + tail[1:], content_type="application/json")
+    text = queries.run_series_text(run, keys, max_points=max_points, x0=x0, x1=x1, group_of=metric_group)
+    return HttpResponse(text, content_type="application/json")
 
 
 @researcher_required

@@ -1,7 +1,9 @@
-"""What a worker can serve: its device kind, the queues it consumes, and who is out there.
+"""Queue routing and what a worker can serve: its device kind, the queues it consumes, who is out there.
 
-A worker always consumes the CPU run queue (``CELERY_QUEUE``, default ``runs``); a worker that
-serves GPUs also consumes ``runs-gpu`` (``services.run_queue`` routes a run with
+The one home of queue routing: ``run_queue`` says which queue a run (or another GPU-free job, such as
+a reward model or an AI judge) is sent to, and ``extra_queues`` which queues a worker consumes, so the
+two cannot disagree. A worker always consumes the CPU run queue (``CELERY_QUEUE``, default ``runs``);
+a worker that serves GPUs also consumes ``runs-gpu`` (``run_queue`` routes a run with
 ``resources.devices: cuda`` there). ``GRUE_WORKER_DEVICES`` sets the kind: ``cpu``, ``cuda``, or
 ``auto`` (default: ``cuda`` when ``torch.cuda.is_available()``). ``celery -A webapp worker -Q ...``
 still works for any other layout.
@@ -22,7 +24,17 @@ from typing import Any
 from celery.worker.control import inspect_command
 from django.conf import settings
 
-from webapp.runs import services
+#: Suffix of the queue GPU runs go to: ``runs`` (CPU) and ``runs-gpu`` by default.
+GPU_QUEUE_SUFFIX = "-gpu"
+
+
+def run_queue(config: dict[str, Any] | None = None) -> str:
+    """The Celery queue a run is sent to: the CPU queue (``CELERY_QUEUE``, tests use one of their
+    own), or its ``-gpu`` twin when the config's ``resources.devices`` is ``cuda``. Workers on a GPU
+    host consume both (``extra_queues``), CPU-only workers only the first."""
+    base = settings.CELERY_TASK_DEFAULT_QUEUE
+    devices = ((config or {}).get("resources") or {}).get("devices", "cpu")
+    return base + GPU_QUEUE_SUFFIX if devices == "cuda" else base
 
 
 def worker_devices(cuda_available: bool) -> str:
@@ -76,7 +88,7 @@ def gpus_needed(config: dict[str, Any] | None) -> int:
 def extra_queues(devices: str) -> list[str]:
     """Queues a worker consumes besides the CPU run queue: the GPU queue on a GPU worker."""
     if devices == "cuda":
-        return [services.run_queue({"resources": {"devices": "cuda"}})]
+        return [run_queue({"resources": {"devices": "cuda"}})]
     return []
 
 
@@ -91,7 +103,7 @@ def describe(app: Any, timeout: float = 1.0) -> list[dict[str, Any]]:
     for reply in app.control.broadcast("grue_resources", reply=True, timeout=timeout) or []:
         resources.update(reply)
     cpu_q = settings.CELERY_TASK_DEFAULT_QUEUE
-    gpu_q = services.run_queue({"resources": {"devices": "cuda"}})
+    gpu_q = run_queue({"resources": {"devices": "cuda"}})
     out = []
     for name, qs in sorted(queues.items()):
         names = {q.get("name") for q in qs}

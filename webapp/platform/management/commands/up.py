@@ -31,7 +31,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from webapp.private import PRIVATE_UMASK, ensure_private_dir
-from webapp.runs import services
+from webapp.runs import workers
 from webapp.security import is_loopback
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -257,7 +257,7 @@ class Command(BaseCommand):
             raise CommandError("--gpus-per-worker must be at least 1")
         if detected and n * per > detected:
             raise CommandError(f"{n} GPU workers x {per} GPUs need {n * per} GPUs; {detected} detected")
-        queue = services.run_queue({"resources": {"devices": "cuda"}})
+        queue = workers.run_queue({"resources": {"devices": "cuda"}})
         py = sys.executable
         for i in range(n):
             name = f"grue-gpu{i + 1}@{socket.gethostname()}"
