@@ -5,8 +5,12 @@ best of a cell, how the per-task score is normalised) are unit-tested on plain d
 ``load_runs`` touches the database.
 
 * Column: from the run's config. ``train.n_iters == 0`` is Zero-shot (no SFT) or Supervised (SFT);
-  otherwise PPO / NLPO by ``algorithm.id``, prefixed "Supervised +" when the SFT warm start is on.
-* Row: the task id, with data-pool variants folded in (``imdb_seq2seq`` is IMDB, ``wmt16`` WMT16).
+  otherwise the algorithm (PPO, NLPO, A2C, TRPO, the critic-free group algorithms, DPO), prefixed
+  "Supervised +" when the SFT warm start is on. The paper's six columns, A2C, TRPO, GRPO and DPO are
+  always shown; the others (RLOO, REINFORCE++, "Supervised +" A2C/TRPO/GRPO/...) once a run fills one.
+* Row: the task id, with data-pool variants folded in (``imdb_seq2seq`` is IMDB, ``wmt16`` WMT16). A
+  run on preference pairs (DPO's data, e.g. a campaign's export) joins the row whose first metric
+  its final evaluation reports (IMDB for a sentiment evaluation).
 * Metrics: the run's final evaluation, ``Run.summary["eval"]`` (``eval/<key>`` values written by
   the trainer), else the last ``eval/*`` metric points.
 * Best run of a cell: highest (or lowest, for perplexity / TER) value of the task's first metric.
@@ -21,7 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from engine.presets import ALGORITHM_LABELS, ALGORITHMS
+from engine.presets import (
+    ALGORITHM_LABELS,
+    ALGORITHMS,
+    EXTRA_ALGORITHMS,
+    GROUP_ALGORITHMS,
+    PREFERENCE_ALGORITHMS,
+)
 from engine.study import PAPER_IMDB
 
 
@@ -85,6 +95,25 @@ TASKS: tuple[TaskSpec, ...] = (
     TaskSpec("synthetic_increasing_numbers", "Synthetic: increasing numbers", (REWARD,)),
 )
 TASK_BY_ID = {t.id: t for t in TASKS}
+
+#: Algorithms a run can be a column of (besides Zero-shot / Supervised).
+TRAINED_ALGORITHMS = ("ppo", "nlpo", *EXTRA_ALGORITHMS, *GROUP_ALGORITHMS, *PREFERENCE_ALGORITHMS)
+#: Columns always on the board: the paper's six, then RL4LMs's A2C and TRPO, GRPO and DPO.
+FIXED_COLUMNS = (*ALGORITHMS, *EXTRA_ALGORITHMS, "grpo", *PREFERENCE_ALGORITHMS)
+#: Columns shown once a run fills them, in this order.
+OPTIONAL_COLUMNS = tuple(a for a in GROUP_ALGORITHMS if a not in FIXED_COLUMNS) + tuple(
+    f"supervised_{a}" for a in TRAINED_ALGORITHMS if a not in ("ppo", "nlpo")
+)
+PAIR_TASKS = ("preference_pairs",)
+
+
+def column_label(column: str) -> str:
+    if column in ALGORITHM_LABELS:
+        return ALGORITHM_LABELS[column]
+    base = column.removeprefix("supervised_")
+    return f"Supervised + {ALGORITHM_LABELS.get(base, base)}"
+
+
 _ALIAS = {a: t.id for t in TASKS for a in (t.id, *t.aliases)}
 
 
@@ -104,9 +133,18 @@ def grid_algorithm(config: dict[str, Any]) -> str | None:
         return None
     if n_iters == 0 or alg == "sft":
         return "supervised" if (sft or alg == "sft") else "zero_shot"
-    if alg not in ("ppo", "nlpo"):
+    if alg not in TRAINED_ALGORITHMS:
         return None
     return f"supervised_{alg}" if sft else alg
+
+
+def pairs_row(metrics: dict[str, float]) -> str | None:
+    """The row of a run on preference pairs: the first task whose first metric the run's final
+    evaluation reports (the synthetic task's generic reward excluded: every run has one)."""
+    for spec in TASKS:
+        if spec.metrics[0] is not REWARD and metric_value(metrics, spec.metrics[0]) is not None:
+            return spec.id
+    return None
 
 
 def final_eval(summary: dict[str, Any] | None, points: dict[str, float] | None = None) -> dict[str, float]:
@@ -163,16 +201,21 @@ def build_board(runs: list[dict[str, Any]], model: str | None = None) -> dict[st
         runs = [r for r in runs if (r.get("model") or "") == model]
     cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in runs:
-        task = grid_task(r.get("task") or (r.get("config") or {}).get("task", {}).get("id"))
+        task_id = r.get("task") or (r.get("config") or {}).get("task", {}).get("id")
+        task = grid_task(task_id)
+        if task is None and task_id in PAIR_TASKS:
+            task = pairs_row(r.get("metrics") or {})
         alg = grid_algorithm(r.get("config") or {})
         if task is None or alg is None or not r.get("metrics"):
             continue
         cells.setdefault((task, alg), []).append(r)
+    filled = {alg for _task, alg in cells}
+    columns = [*FIXED_COLUMNS, *(a for a in OPTIONAL_COLUMNS if a in filled)]
 
     rows = []
     for spec in TASKS:
         row_cells: dict[str, dict[str, Any]] = {}
-        for alg in ALGORITHMS:
+        for alg in columns:
             candidates = cells.get((spec.id, alg), [])
             paper = spec.paper.get(alg)
             cell: dict[str, Any] = {
@@ -204,12 +247,12 @@ def build_board(runs: list[dict[str, Any]], model: str | None = None) -> dict[st
                 ],
                 "paper_model": spec.paper_model,
                 "has_paper": bool(spec.paper),
-                "cells": [row_cells[a] for a in ALGORITHMS],
+                "cells": [row_cells[a] for a in columns],
                 "n_filled": sum(1 for c in row_cells.values() if c["run"]),
             }
         )
     return {
-        "algorithms": [{"id": a, "label": ALGORITHM_LABELS[a]} for a in ALGORITHMS],
+        "algorithms": [{"id": a, "label": column_label(a)} for a in columns],
         "tasks": rows,
         "models": [{"name": m, "label": model_label(m)} for m in models],
         "model": model or "",

@@ -6,6 +6,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from engine.presets import ALGORITHMS
 from webapp.access import researcher_required
 from webapp.grue.leaderboard import build_board, load_runs
 from webapp.grue.reference import study_board
@@ -28,16 +29,20 @@ def _chart(board: dict, reference: list[dict] | None = None) -> dict:
         score_traces.append(
             {"type": "bar", "name": row["title"], "x": algs, "y": [c["score"] for c in row["cells"]]}
         )
+    # The paper's chart keeps the paper's columns (A2C, GRPO, ... have no paper number to stand beside).
+    paper_cols = [i for i, a in enumerate(board["algorithms"]) if a["id"] in ALGORITHMS]
+    paper_algs = [algs[i] for i in paper_cols]
     paper_traces = []
     for row in board["tasks"]:
         if not row["has_paper"]:
             continue
+        row = {**row, "cells": [row["cells"][i] for i in paper_cols]}
         label = row["metrics"][0]["label"]
         paper_traces.append(
             {
                 "type": "bar",
                 "name": f"RL4LMs paper ({row['paper_model']})",
-                "x": algs,
+                "x": paper_algs,
                 "y": [c["paper"][0] if c["paper"] else None for c in row["cells"]],
             }
         )
@@ -45,7 +50,7 @@ def _chart(board: dict, reference: list[dict] | None = None) -> dict:
             {
                 "type": "bar",
                 "name": "GRUE Studio (best run)",
-                "x": algs,
+                "x": paper_algs,
                 "y": [c["values"][0] for c in row["cells"]],
             }
         )
@@ -58,7 +63,7 @@ def _chart(board: dict, reference: list[dict] | None = None) -> dict:
                 {
                     "type": "bar",
                     "name": "reference runs (mean ± std over seeds)",
-                    "x": algs,
+                    "x": paper_algs,
                     "y": [c["sentiment"]["mean"] if c else None for c in cells],
                     "error_y": {
                         "type": "data",

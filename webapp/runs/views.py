@@ -31,6 +31,7 @@ from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from engine.config import ConfigError, parse_config
+from engine.presets import GROUP_ALGORITHMS, PREFERENCE_ALGORITHMS
 from engine.sweep import SweepError
 from webapp.access import researcher_required
 from webapp.celery import app as celery_app
@@ -55,15 +56,25 @@ LOG_TAIL = 200
 NEWEST_SAMPLES = 20
 
 # Charts of the run page: (group id, title, predicate over metric keys). The first match wins.
+# Every key the engine's algorithms log has a card of its own kind (DPO's preference rewards
+# included), so "Other" holds only keys of user components.
 METRIC_GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
     ("reward", "Reward", ("train/reward",)),
     ("kl", "KL & β", ("train/kl", "policy/approx_kl", "kl/")),
-    ("loss", "Losses", ("loss/",)),
-    ("entropy", "Entropy", ("policy/entropy",)),
+    ("loss", "Losses", ("loss/", "train/loss")),
+    ("preference", "Preferences (DPO)", ("rewards/",)),
+    ("entropy", "Entropy", ("policy/entropy", "train/entropy")),
     ("value", "Value", ("value/",)),
+    ("train", "Training", ("train/", "policy/")),
     ("eval", "Eval metrics", ("eval/",)),
     ("time", "Time", ("time/",)),
 ]
+#: Groups drawn as one chart per key: their quantities have different units and scales (a
+#: vocabulary size of ~70 beside a reward of ~0.05 flattened the reward on a shared axis).
+PER_KEY_GROUPS = frozenset({"eval", "train", "preference"})
+#: Keys an algorithm without a value model logs as placeholders (zeros, NaN): not charted for it.
+CRITIC_KEYS = ("value/", "loss/value")
+CRITIC_FREE_ALGORITHMS = frozenset({*GROUP_ALGORITHMS, *PREFERENCE_ALGORITHMS, "sft"})
 
 
 def metric_group(key: str) -> str:
@@ -74,8 +85,17 @@ def metric_group(key: str) -> str:
 
 
 def _chart_groups() -> list[dict[str, Any]]:
-    groups = [{"id": g, "title": t, "prefixes": list(p)} for g, t, p in METRIC_GROUPS]
-    return groups + [{"id": "other", "title": "Other", "prefixes": []}]
+    groups = [
+        {"id": g, "title": t, "prefixes": list(p), "per_key": g in PER_KEY_GROUPS}
+        for g, t, p in METRIC_GROUPS
+    ]
+    return groups + [{"id": "other", "title": "Other", "prefixes": [], "per_key": False}]
+
+
+def _hidden_keys(run: Run) -> list[str]:
+    """Key prefixes the run page leaves out: the value model's, for an algorithm that has none (GRPO,
+    RLOO, REINFORCE++ log value/mean 0 and explained variance NaN; DPO and SFT log none)."""
+    return list(CRITIC_KEYS) if run.algorithm in CRITIC_FREE_ALGORITHMS else []
 
 
 # --------------------------------------------------------------------------- run table
@@ -370,7 +390,9 @@ def launch(request: HttpRequest) -> HttpResponse:
         yaml_form = YamlConfigForm(request.POST)
         yaml_ok = yaml_form.is_valid()
         if action == "launch_yaml" and yaml_ok and meta.is_valid():
-            return _do_launch(request, yaml_form.config.to_dict(), meta, cloned_from) or render(
+            return _do_launch(
+                request, yaml_form.config.to_dict(), meta, cloned_from, yaml_form=yaml_form
+            ) or render(
                 request,
                 "runs/launch.html",
                 _launch_context(request, RunConfigForm(), meta, yaml_form, "yaml", cloned_from),
@@ -418,8 +440,10 @@ def _do_launch(
     meta: RunMetaForm,
     cloned_from: Run | None,
     form: RunConfigForm | None = None,
+    yaml_form: YamlConfigForm | None = None,
 ) -> HttpResponse | None:
-    """Call the launch service; None when the config was refused (errors are on ``form``/messages)."""
+    """Call the launch service; None when the config was refused (errors are on ``form``, the YAML
+    view's list, or messages)."""
     try:
         run = lifecycle.launch_run(
             config,
@@ -431,6 +455,9 @@ def _do_launch(
     except services.ConfigInvalid as exc:
         if form is not None:
             form.add_config_errors(ConfigError(str(exc), exc.errors))
+        elif yaml_form is not None and exc.errors:  # one line per field, as the YAML view lists them
+            yaml_form.config_errors = list(exc.errors)
+            yaml_form.add_error("config_yaml", [f"{f}: {m}" for f, m in exc.errors])
         else:
             messages.error(request, str(exc))
         return None
@@ -462,6 +489,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "sample_cursor": max((s["id"] for s in samples), default=0),
         "log_cursor": logs[-1].id if logs else 0,
         "groups": _chart_groups(),
+        "hidden_keys": _hidden_keys(run),
         "status": run.status,
         "cancel_requested": run.cancel_requested,
     }

@@ -42,7 +42,9 @@ def cpu_preset(task_id: str, algorithm: str) -> str:
     they link to the launch form with this preset loaded."""
     names = _preset_names()
     base = f"{preset_prefix(task_id)}_{algorithm}"
-    for name in (f"{base}_offline", base):
+    # DPO's presets train on a task's preference pairs: ``imdb_preferences_dpo``.
+    pairs = f"{preset_prefix(task_id)}_preferences_{algorithm}"
+    for name in (f"{base}_offline", base, f"{pairs}_offline", pairs):
         if name in names:
             return name
     return ""

@@ -158,14 +158,26 @@
       });
       return out;
     }
+    // Steps are whole numbers: over a span of fewer than 7 steps Plotly's automatic ticks fall between
+    // them (two eval points at steps 5 and 6 got ticks 5, 5.2, ... 6), so a short span ticks every step.
+    stepAxis() {
+      let lo = Infinity, hi = -Infinity;
+      this.series.forEach((s) => {
+        s.points.forEach((_y, x) => { if (x < lo) lo = x; if (x > hi) hi = x; });
+      });
+      const axis = { title: { text: "step", font: { size: 11 } }, nticks: 7, type: "linear", tickformat: "~s" };
+      if (isFinite(lo) && hi - lo < 7) Object.assign(axis, { tickmode: "linear", tick0: lo, dtick: 1 });
+      return Object.assign(axis, AXIS);
+    }
     render() {
       if (!global.Plotly) return;
       const layout = {
         margin: { l: 50, r: 10, t: 10, b: 35 }, hovermode: "x unified",
-        legend: { orientation: "h", y: -0.2, font: { size: 11 } },
+        // The legend sits above the plot: below it, it covered the step axis's title.
+        legend: { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom", font: { size: 11 } },
         // Both axes are numbers: saying so spares Plotly its type detection (it tries every value
         // as a date, then as a category) on each draw.
-        xaxis: Object.assign({ title: { text: "step", font: { size: 11 } }, nticks: 7, type: "linear" }, AXIS),
+        xaxis: this.stepAxis(),
         yaxis: Object.assign({ nticks: 6, type: "linear" }, AXIS),
         uirevision: "keep", // keep the user's zoom across live updates
       };

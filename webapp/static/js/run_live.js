@@ -33,30 +33,58 @@
   // the first screen's charts only, and those below it as the page scrolls (300 px ahead).
   const observer = "IntersectionObserver" in window ? new IntersectionObserver((entries) => {
     entries.forEach((e) => {
-      const chart = e.isIntersecting && state.charts.get(e.target.dataset.group);
+      const chart = e.isIntersecting && state.charts.get(e.target.dataset.chart);
       if (chart) { chart.show(); observer.unobserve(e.target); }
     });
   }, { rootMargin: "300px 0px" }) : null;
 
-  function chartFor(key) {
-    let gid = state.keyGroup.get(key);
-    if (!gid) { gid = GC.groupOf(key, cfg.groups); state.keyGroup.set(key, gid); }
-    let chart = state.charts.get(gid);
+  // Which chart a key goes to: its group's, or (per-key groups: eval metrics, training stats, DPO's
+  // preference rewards) a chart of its own, since those quantities do not share a unit or a scale.
+  function chartIdOf(key) {
+    let id = state.keyGroup.get(key);
+    if (!id) {
+      const gid = GC.groupOf(key, cfg.groups);
+      const meta = cfg.groups.find((g) => g.id === gid) || {};
+      id = meta.per_key ? gid + ":" + key : gid;
+      state.keyGroup.set(key, id);
+    }
+    return id;
+  }
+
+  // The value model's keys of an algorithm that has none (GRPO logs value/mean 0): not charted.
+  function hiddenKey(key) {
+    return (cfg.hidden_keys || []).some((p) => key.startsWith(p));
+  }
+
+  function hasValue(ys) {
+    return ys.some((y) => y !== null && y !== undefined && isFinite(y));
+  }
+
+  // The chart of a key; null when the key is hidden, or when it has no chart yet and ``ys`` holds no
+  // number (a series of NaNs would be an empty card).
+  function chartFor(key, ys) {
+    if (hiddenKey(key)) return null;
+    const cid = chartIdOf(key);
+    let chart = state.charts.get(cid);
     if (!chart) {
+      if (ys && !hasValue(ys)) return null;
       const none = document.getElementById("no-metrics");
       if (none) none.remove();
+      const gid = cid.split(":")[0];
       const meta = cfg.groups.find((g) => g.id === gid) || { title: gid };
       const card = document.createElement("div");
       card.className = "card chart-card";
       const h = document.createElement("h3");
-      h.textContent = meta.title;
+      h.textContent = cid === gid ? meta.title : meta.title + " · " + key;
       const el = document.createElement("div");
       el.className = "chart";
       el.dataset.group = gid;
-      el.id = "chart-" + gid;
+      el.dataset.chart = cid;
+      if (cid !== gid) el.dataset.key = key;
+      el.id = "chart-" + cid.replace(/[^A-Za-z0-9_-]/g, "_");
       card.appendChild(h);
       card.appendChild(el);
-      // Keep charts in the configured group order.
+      // Keep charts in the configured group order (a per-key group's charts in order of arrival).
       const container = document.getElementById("charts");
       const order = cfg.groups.map((g) => g.id);
       const before = Array.from(container.children).find((c) => {
@@ -66,7 +94,7 @@
       container.insertBefore(card, before || null);
       chart = new GC.ChartGroup(el, { title: meta.title, alpha: alpha, onZoom: zoom, lazy: observer !== null });
       chart.keys = new Set();
-      state.charts.set(gid, chart);
+      state.charts.set(cid, chart);
       if (observer) observer.observe(el);
     }
     chart.keys.add(key);
@@ -90,13 +118,13 @@
   function applySeries(series) {
     // One entry per key: parallel arrays, ids ascending (see webapp/runs/protocol.py).
     series.forEach((s) => {
-      const chart = chartFor(s.key);
+      const chart = chartFor(s.key, s.values);
       for (let i = 0; i < s.ids.length; i++) {
         const id = s.ids[i];
         if (state.seenPoints.has(id)) continue;
         state.seenPoints.add(id);
         if (id > state.metricCursor) state.metricCursor = id;
-        chart.addPoint(s.key, s.steps[i], s.values[i]);
+        if (chart) chart.addPoint(s.key, s.steps[i], s.values[i]);
       }
     });
   }
@@ -323,7 +351,10 @@
     .then((r) => { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
     .then((data) => {
       state.metricCursor = data.cursor || 0;
-      Object.values(data.series).forEach((s) => chartFor(s.key).setSeries(s.key, s.x, s.y));
+      Object.values(data.series).forEach((s) => {
+        const chart = chartFor(s.key, s.y);
+        if (chart) chart.setSeries(s.key, s.x, s.y);
+      });
       if (data.status) setStatus(data.status);
     })
     .catch((e) => wsState("could not load metrics: " + e.message, "down"))
