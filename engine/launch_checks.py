@@ -162,6 +162,11 @@ def _argument_errors(field: str, cid: Any, args: Any, reg: registry.Registry[Any
             errors.append(
                 (f"{field}.args.{name}", f"{reg.kind} {cid!r} needs this argument ({field}.args.{name})")
             )
+    # A component that can check its arguments' values without loading anything offers
+    # ``check_args(args, where) -> [(field, message)]`` (the rubric reward: criteria, scales, judge).
+    checker = getattr(reg.get(cid), "check_args", None)
+    if not errors and callable(checker):
+        errors.extend(checker(args, f"{field}.args"))
     return errors
 
 

@@ -358,3 +358,21 @@ def test_a_tiny_policy_learns_to_raise_its_rubric_reward(small_config, tmp_path)
         assert rows and all(set(r["metrics"]) == {"rubric/numeric", "rubric/varied"} for r in rows)
     assert statistics.median(firsts) < 0.35, firsts
     assert statistics.median(lasts) > statistics.median(firsts) + 0.25, (firsts, lasts)
+
+
+def test_launch_checks_name_a_malformed_rubric_before_anything_is_queued():
+    from engine.launch_checks import config_errors
+
+    bad = [{"name": "ok", "description": "d"}, {"name": "bad", "description": "d", "scale": {"max": 12}}]
+    cfg = {"reward": {"id": "rubric", "args": {"criteria": bad, "judge": STUB}}}
+    errors = dict(config_errors(cfg))
+    assert "max <= 9" in errors["reward.args.criteria[1].scale"], errors
+    comp = {
+        "reward": {
+            "id": "weighted_sum",
+            "components": [{"id": "rubric", "args": {"criteria": CRITERIA, "judge": {"backend": "x"}}}],
+        }
+    }
+    assert "unknown judge 'x'" in dict(config_errors(comp))["reward.components[0].args.judge.backend"]
+    good = {"reward": {"id": "rubric", "args": {"criteria": CRITERIA, "judge": STUB}}}
+    assert not [e for e in config_errors(good) if e[0].startswith("reward")]
