@@ -192,6 +192,20 @@ class PPO(Algorithm):
     def setup(self, policy: Any) -> None:
         pass
 
+    def make_optimizer(self, params: list[Any]) -> Any | None:
+        """AdamW with the fused kernel (CPU and CUDA): one pass over the parameters per step instead of a
+        chain of foreach ops — with a separate critic that is 270M parameters on each of the 16 steps of
+        an IMDB iteration. Same update rule and state as the trainer's default AdamW. Sharded (FSDP,
+        DTensor) parameters keep the trainer's default."""
+        if any(type(p.data) is not torch.Tensor for p in params):
+            return None
+        try:
+            return torch.optim.AdamW(
+                params, lr=self.cfg.learning_rate, weight_decay=self.cfg.weight_decay, fused=True
+            )
+        except (RuntimeError, ValueError):  # a device or dtype without a fused kernel
+            return None
+
     @property
     def whitens_per_minibatch(self) -> bool:
         return bool(self.cfg.whiten_advantages and self.cfg.advantage_normalization == "minibatch")

@@ -138,6 +138,10 @@ def load_lm(path: str, kind: str, revision: str | None = None) -> Any:
     except OSError as exc:
         raise _offline_hint(path, exc) from exc
     disable_dropout(model)
+    # bf16 training on a CPU: attention in fp32 (its bf16 backward is the slow kernel); otherwise SDPA
+    from engine.models.attention import use_fp32_attention_backward
+
+    use_fp32_attention_backward(model)
     return model
 
 

@@ -88,6 +88,7 @@ def lm_forward(
     want_hidden: bool,
     share_prompts: bool = False,
     lazy_head: bool = False,
+    need_logits: bool = True,
 ) -> tuple[torch.Tensor | HeadLogits, torch.Tensor | None]:
     """One teacher-forced pass over prompt+generation: logits (and last hidden) for every generated token.
 
@@ -104,11 +105,19 @@ def lm_forward(
     ``lazy_head`` (causal models with a plain linear head, :func:`plain_head_weight`): return
     :class:`HeadLogits` — the head's input — instead of logits, for :func:`token_logprobs` to reduce
     without (B, T, V) temporaries. Models without such a head return logits as usual.
+
+    ``need_logits=False`` with ``want_hidden`` (a separate critic, causal models): only the hidden
+    states matter; the base model runs alone and the first element returned must not be used.
     """
     t_len = gen_ids.shape[1]
     head_weight = plain_head_weight(lm) if lazy_head and not is_seq2seq else None
-    if head_weight is not None and torch.is_autocast_enabled(prompt_ids.device.type):
-        head_weight = None  # the head's reduction is written for fp32 logits
+    device_type = prompt_ids.device.type
+    # Under autocast the head's product runs in the autocast dtype, as the logits path's would.
+    compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    if not need_logits and not is_seq2seq and want_hidden and trunk_callable(lm):
+        # A critic: its trunk's last hidden state is all it needs — no head, no (B, T, V) logits, no
+        # other layer's states kept (issue #30), whatever the head looks like and whatever the precision.
+        head_weight, compute_dtype = lm.get_input_embeddings().weight, None  # a stand-in, never multiplied
     if is_seq2seq:
         prefix = decoder_prefix(decoder_start_id)
         start = torch.tensor(prefix, dtype=gen_ids.dtype, device=gen_ids.device).expand(gen_ids.shape[0], -1)
@@ -128,7 +137,7 @@ def lm_forward(
     rows = shared_prompt_rows(prompt_ids, prompt_mask) if share_prompts else None
     if rows is not None:
         return shared_prompt_forward(
-            lm, prompt_ids, prompt_mask, gen_ids, gen_mask, rows, want_hidden, head_weight
+            lm, prompt_ids, prompt_mask, gen_ids, gen_mask, rows, want_hidden, head_weight, compute_dtype
         )
     p_len = prompt_ids.shape[1]
     ids = torch.cat([prompt_ids, gen_ids], dim=1)
@@ -137,7 +146,7 @@ def lm_forward(
     if head_weight is not None:
         out = lm.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
         hidden = out.last_hidden_state[:, p_len - 1 : p_len + t_len - 1]
-        return HeadLogits(hidden, head_weight), (hidden if want_hidden else None)
+        return HeadLogits(hidden, head_weight, compute_dtype), (hidden if want_hidden else None)
     kwargs: dict[str, Any] = {}
     if _accepts(lm, "logits_to_keep"):
         kwargs["logits_to_keep"] = t_len + 1
@@ -219,6 +228,7 @@ def shared_prompt_forward(
     rows: tuple[torch.Tensor, torch.Tensor],
     want_hidden: bool,
     head_weight: torch.Tensor | None = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor | HeadLogits, torch.Tensor | None]:
     """``lm_forward`` of a causal LM with each distinct prompt run once (``rows`` from
     :func:`shared_prompt_rows`). The prompt pass yields the KV cache and the distribution of the first
@@ -258,7 +268,7 @@ def shared_prompt_forward(
             if want_hidden:
                 hidden = torch.cat([hidden, out.hidden_states[-1]], dim=1)
     if head_weight is not None:
-        return HeadLogits(hidden, head_weight), (hidden if want_hidden else None)
+        return HeadLogits(hidden, head_weight, compute_dtype), (hidden if want_hidden else None)
     return logits, hidden
 
 
@@ -273,6 +283,17 @@ def _accepts(lm: Any, name: str) -> bool:
         except (TypeError, ValueError):
             _ACCEPTS[key] = False
     return _ACCEPTS[key]
+
+
+def trunk_callable(lm: Any) -> bool:
+    """Whether ``lm.base_model`` alone gives the last hidden state ``lm`` would: a causal LM with a
+    separate base model and no hooks on the root (FSDP2 all-gathers the root group — embeddings, final
+    norm — in such a hook; then the whole model must run)."""
+    base = getattr(lm, "base_model", lm)
+    if base is lm or lm._forward_pre_hooks or lm._forward_hooks:
+        return False
+    weight = getattr(lm.get_input_embeddings(), "weight", None)
+    return weight is not None and type(weight.data) is torch.Tensor
 
 
 class ActorCritic(nn.Module):
@@ -328,9 +349,11 @@ class ActorCritic(nn.Module):
                     self.decoder_start_id,
                     want_hidden=True,
                     share_prompts=share_prompts,
-                    # The critic needs its trunk's last hidden state only: the lazy path runs the base
-                    # model and never computes the critic's (B, T, V) logits or keeps every layer's states.
+                    # The critic needs its trunk's last hidden state only: the base model runs alone and
+                    # never computes the critic's (B, T, V) logits or keeps every layer's states, in any
+                    # precision and for any head.
                     lazy_head=True,
+                    need_logits=False,
                 )
                 values = self.value_head(c_hidden)
         return logits, values
@@ -511,11 +534,11 @@ def _head_token_logprobs(
     """:func:`token_logprobs` from the head's input: the log-sum-exp (and entropy) from
     :func:`head_logsumexp`, the chosen and EOS logits as dot products with rows of the head's weight."""
     scale = 1.0 / temperature
-    hidden, weight = head.hidden, head.weight
-    lse, entropy = head_logsumexp(hidden, weight, scale, want_entropy)
+    hidden, weight, dtype = head.hidden, head.weight, head.compute_dtype
+    lse, entropy = head_logsumexp(hidden, weight, scale, want_entropy, dtype)
     if entropy is not None:
         entropy = entropy.detach()
-    chosen = head_logits_at(hidden, weight, actions) * scale
+    chosen = head_logits_at(hidden, weight, actions, dtype) * scale
     full_lp = chosen - lse
     sampled = full_lp
     if isinstance(support, EosBan):
@@ -523,10 +546,10 @@ def _head_token_logprobs(
         if n > 0:
             eos = support.eos_id
             h = hidden[..., :n, :]
-            x_eos = head_logits_at(h, weight, eos) * scale
+            x_eos = head_logits_at(h, weight, eos, dtype) * scale
 
             def exact() -> torch.Tensor:  # rare: rows where p(EOS) > 1/2
-                return _logsumexp_without((h @ weight.t()) * scale, eos)
+                return _logsumexp_without(HeadLogits(h, weight, dtype).materialize().float() * scale, eos)
 
             banned = _normaliser_without(x_eos, lse[..., :n], exact)
             sampled = torch.cat([chosen[..., :n] - banned, full_lp[..., n:]], dim=-1)

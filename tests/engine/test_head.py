@@ -51,6 +51,62 @@ def test_fused_head_matches_the_logits_path_with_gradients(temperature, support)
     assert torch.allclose(fused[2].double(), -(p * p.log()).sum(-1), atol=1e-4)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("support", [None, EosBan(eos_id=7, steps=3)])
+def test_fused_head_under_bf16_autocast_matches_the_autocast_logits_path(temperature, support):
+    """Under bf16 autocast the fused head multiplies in bf16 as autocast's linear does and reduces in
+    fp32: the logits path's numbers under autocast (bf16 logits, then ``.float()``), gradients included."""
+    hidden, weight, actions = _case(v=3000, h=64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = torch.nn.functional.linear(hidden, weight)
+    assert logits.dtype == torch.bfloat16
+    plain = _run(logits, hidden, weight, actions, temperature, support)
+    fused = _run(HeadLogits(hidden, weight, torch.bfloat16), hidden, weight, actions, temperature, support)
+    for name, a, b in zip(("sampled", "full", "entropy", "d hidden", "d weight"), plain, fused, strict=True):
+        assert b.dtype == torch.float32, name
+        scale = float(a.abs().max())
+        assert torch.allclose(a, b, atol=1e-2 * scale, rtol=0), (name, float((a - b).abs().max()), scale)
+    # the low-precision product is really taken: the fp32 fused path differs from it by bf16 rounding
+    exact = _run(HeadLogits(hidden, weight), hidden, weight, actions, temperature, support)
+    assert not torch.equal(exact[1], fused[1])
+    assert torch.allclose(exact[1], fused[1], atol=0.01 * float(exact[1].abs().max()))
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_lazy_head_under_autocast_equals_the_autocast_forward(make_policy, share):
+    """``lm_forward(lazy_head=True)`` under bf16 autocast takes the fused head (it used to fall back to
+    the (B, T, V) logits) and gives the autocast logits path's log-probs and gradients."""
+    policy, tok = make_policy("causal")
+    policy.eval()
+    prompts = ["The movie was long and"] * 2 + ["A much longer prompt with clearly more tokens"] * 2
+    pi, pm = tokenize_prompts(tok, prompts, 32, torch.device("cpu"), "left")
+    gen = torch.randint(0, tok.vocab_size, (4, 6), generator=torch.Generator().manual_seed(5))
+    results = []
+    for lazy in (False, True):
+        policy.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits, _ = lm_forward(
+                policy.lm,
+                False,
+                pi,
+                pm,
+                gen,
+                torch.ones(4, 6),
+                None,
+                False,
+                share_prompts=share,
+                lazy_head=lazy,
+            )
+        assert isinstance(logits, HeadLogits) == lazy
+        sampled, full, _ = token_logprobs(logits, gen, 1.0, EosBan(tok.eos_token_id, 2))
+        (sampled.sum() + 0.5 * full.sum()).backward()
+        head = policy.lm.get_output_embeddings().weight
+        results.append((sampled.detach(), full.detach(), head.grad.clone()))
+    (s0, f0, g0), (s1, f1, g1) = results
+    assert torch.allclose(s0, s1, atol=0.05) and torch.allclose(f0, f1, atol=0.05)
+    assert torch.allclose(g0, g1, atol=0.02 * float(g0.abs().max()))
+
+
 def test_fused_head_eos_ban_where_eos_is_most_likely():
     """Rows where p(EOS) > 1/2 take the exact normaliser (the closed form would lose precision)."""
     hidden, weight, actions = _case(seed=1)

@@ -70,10 +70,14 @@ def test_actor_critic_shapes_and_value_head_placement(make_policy, kind, value_h
     assert policy.value_head.linear.weight.grad.abs().sum() > 0
 
 
-def test_separate_critic_values_skip_its_lm_head(make_policy):
+@pytest.mark.parametrize("variant", ["fp32", "bf16-autocast", "head-not-plain"])
+def test_separate_critic_values_skip_its_lm_head(make_policy, variant):
     """The critic's values are its trunk's last hidden state through the value head, the same numbers
-    as a full forward's; its vocabulary-sized head is never run (issue #30: a critic needs no logits)."""
+    as a full forward's; its vocabulary-sized head is never run (issue #30: a critic needs no logits) —
+    under bf16 autocast too, and for a head the policy's fused path would not take (soft-capped)."""
     policy, _ = make_policy("causal", "separate")
+    if variant == "head-not-plain":
+        policy.critic.config.model_type = "gemma2"
     batch = {
         "prompt_ids": torch.tensor([[50256, 464, 3807], [15496, 995, 13]]),
         "prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1]]),
@@ -83,17 +87,23 @@ def test_separate_critic_values_skip_its_lm_head(make_policy):
     calls = []
     head = policy.critic.get_output_embeddings()
     hook = head.register_forward_hook(lambda *a: calls.append(1))
+    amp = variant == "bf16-autocast"
+    g = torch.Generator().manual_seed(1)  # a non-zero value head, so the values carry the hidden state
+    with torch.no_grad():
+        policy.value_head.linear.weight.copy_(torch.randn(policy.value_head.linear.weight.shape, generator=g))
     try:
-        _, values = policy.forward_tokens(batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            _, values = policy.forward_tokens(batch)
     finally:
         hook.remove()
     assert calls == []
     ids = torch.cat([batch["prompt_ids"], batch["gen_ids"]], 1)
     mask = torch.cat([batch["prompt_mask"], batch["gen_mask"].long()], 1)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
         full = policy.critic(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
         expected = policy.value_head(full.hidden_states[-1][:, 2:6])
+    assert values.abs().max() > 0.1
     assert torch.allclose(values.detach(), expected, atol=1e-5)
 
 
