@@ -214,6 +214,7 @@ def engine_setup(cfg_dict: dict, mem_interval_s: float = 0.005, prompts: list[st
             "n_params": n_params,
         }
 
+    one.trainer = t  # type: ignore[attr-defined]  # for --profile: the update is wrapped in a profiler
     return one
 
 
@@ -263,17 +264,25 @@ def imdb_reference_prompts(
     raise RuntimeError(f"{source} has only {len(out)} prompts of {lo}-{hi} GPT-2 tokens")
 
 
-def ppo_imdb_config(model: str, device: str) -> dict:
+def ppo_imdb_config(
+    model: str, device: str, value_head: str = "shared", mixed_precision: str = "auto", top_k: int = 0
+) -> dict:
     """Issue #9's reference workload: 16 prompts x exactly 48 sampled tokens (EOS suppressed),
     temperature 1, no top-k/top-p, VADER on the continuation, fixed KL coefficient 0.05, PPO 4 epochs x
-    minibatch 4 (16 optimizer steps), the shared value head, SmolLM2-135M-Instruct."""
+    minibatch 4 (16 optimizer steps), SmolLM2-135M-Instruct; the shared value head by default, or a
+    separate critic (issue #30: TRL's and RL4LMs's design)."""
     return {
         "name": "bench-ppo-imdb",
-        "model": {"name_or_path": model, "mixed_precision": "auto", "device": device},
+        "model": {
+            "name_or_path": model,
+            "mixed_precision": mixed_precision,
+            "device": device,
+            "value_head": value_head,
+        },
         "tokenizer": {"padding_side": "left", "pad_token_as_eos_token": True, "max_prompt_length": 128},
         "task": {"id": "imdb", "seed": 42},
         "reward": {"id": "sentiment_vader", "include_prompt": False},
-        "rollout": {"max_new_tokens": 48, "min_new_tokens": 48, "batch_size": 16, "top_k": 0},
+        "rollout": {"max_new_tokens": 48, "min_new_tokens": 48, "batch_size": 16, "top_k": top_k},
         "kl": {"controller": "fixed", "init_coef": 0.05},
         "algorithm": {"id": "ppo", "n_epochs": 4, "minibatch_size": 4},
         "train": {"n_iters": 1, "prompts_per_iter": 16, "eval_every": 0, "save_every": 0, "log_samples": 0},
@@ -281,16 +290,59 @@ def ppo_imdb_config(model: str, device: str) -> dict:
 
 
 def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
-    """One warm-up iteration (one epoch), then ``repeats`` timed iterations of the reference workload."""
+    """One warm-up iteration (one epoch), then ``repeats`` timed iterations of the reference workload.
+
+    ``--value-head`` and ``--precision`` choose the design and precision; ``--profile`` instead runs
+    one iteration whose update (one epoch: 4 minibatches) is recorded by ``torch.profiler`` and
+    prints the ops by self CPU time. The peak RSS reported is the process's high-water mark
+    (``ru_maxrss``, as ``bench/peer_trl_ppo.py`` reports TRL's) beside the per-iteration sample."""
+    import resource
+
     prompts = imdb_reference_prompts()
-    run = engine_setup(ppo_imdb_config(smollm2_path(), args.device), 0.05, prompts=prompts)
+    cfg = ppo_imdb_config(smollm2_path(), args.device, args.value_head, args.precision, args.top_k)
+    run = engine_setup(cfg, 0.05, prompts=prompts)
     print("ppo-imdb warm-up", run(epochs=1), flush=True)
+    if args.profile:
+        return {"profile": profile_update(run, args.profile)}
     rows = []
     for _ in range(args.repeats or 2):
         rows.append(run())
+        rows[-1]["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print("ppo-imdb", rows[-1], flush=True)
     best = min(rows, key=lambda r: r["iteration_s"])
-    return {**best, "all_iteration_s": [round(r["iteration_s"], 2) for r in rows]}
+    return {
+        **best,
+        "value_head": args.value_head,
+        "precision": args.precision,
+        "top_k": args.top_k,
+        "all_iteration_s": [round(r["iteration_s"], 2) for r in rows],
+    }
+
+
+def profile_update(run: Any, out_path: str) -> str:
+    """One iteration with its update (one epoch) under ``torch.profiler``; the ops table by self CPU
+    time is written to ``out_path`` and returned. Why: the per-op split of a minibatch shows where the
+    update's time goes (matmuls vs. the vocabulary-sized head vs. the optimizer)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    algo = run.trainer.algo
+    update = algo.update
+    tables: list[str] = []
+
+    def profiled(*a: Any, **k: Any) -> Any:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+            out = update(*a, **k)
+        tables.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+        return out
+
+    algo.update = profiled
+    try:
+        print("profiled iteration", run(epochs=1), flush=True)
+    finally:
+        algo.update = update
+    Path(out_path).write_text(tables[0])
+    print(tables[0], flush=True)
+    return out_path
 
 
 def grpo_main(args: argparse.Namespace) -> dict[str, Any]:
@@ -466,6 +518,10 @@ def main() -> None:
         "--ppo-imdb", action="store_true", help="only issue #9's PPO reference workload (SmolLM2, IMDB)"
     )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    ap.add_argument("--value-head", choices=["shared", "separate"], default="shared", help="--ppo-imdb")
+    ap.add_argument("--precision", choices=["auto", "no", "bf16"], default="auto", help="--ppo-imdb")
+    ap.add_argument("--top-k", type=int, default=0, help="--ppo-imdb: rollout top-k (the study's is 50)")
+    ap.add_argument("--profile", default="", help="--ppo-imdb: write a profile of one update epoch here")
     ap.add_argument("--betas", default="0.04,0.0", help="GRPO KL coefficients to time (comma-separated)")
     ap.add_argument(
         "--default-malloc",

@@ -49,6 +49,8 @@ def main() -> None:
     ap.add_argument("--betas", default="0.04,0")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default="")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--bf16", action="store_true", help="TRL's bf16 flag; fp32 otherwise")
     ap.add_argument(
         "--gradient-checkpointing",
         choices=["trl-default", "on", "off"],
@@ -124,8 +126,8 @@ def main() -> None:
                 logging_steps=1,
                 save_strategy="no",
                 report_to=[],
-                use_cpu=True,
-                bf16=False,
+                use_cpu=args.device == "cpu",
+                bf16=args.bf16,
                 fp16=False,
                 dataloader_num_workers=0,
                 seed=0,
