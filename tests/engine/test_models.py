@@ -92,7 +92,8 @@ def test_separate_critic_values_skip_its_lm_head(make_policy, variant):
     with torch.no_grad():
         policy.value_head.linear.weight.copy_(torch.randn(policy.value_head.linear.weight.shape, generator=g))
     try:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        # no gradients, as the full forward below: a training forward in bf16 takes fp32 attention
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
             _, values = policy.forward_tokens(batch)
     finally:
         hook.remove()
