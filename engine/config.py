@@ -174,6 +174,20 @@ class RewardConfig(Strict):
     include_prompt: bool = Field(
         False, description="Score prompt + generation instead of the generation alone."
     )
+    subtract_prompt_score: bool = Field(
+        False,
+        description="With include_prompt: the reward minus the score of the prompt alone (a per-prompt "
+        "baseline: same optimal policy and expected gradient, less variance).",
+    )
+
+    @model_validator(mode="after")
+    def _check_prompt_baseline(self) -> RewardConfig:
+        if self.subtract_prompt_score and not self.include_prompt:
+            raise ValueError(
+                "reward.subtract_prompt_score needs reward.include_prompt: true (it subtracts the score "
+                "of the prompt alone from the score of prompt + generation)"
+            )
+        return self
 
 
 class GenerationConfig(Strict):

@@ -50,6 +50,27 @@ def test_include_prompt_scores_prompt_plus_generation():
     assert call({"id": "test_char_count"}, ["abc", ""], prompts=["12345", "xy"]) == [3.0, 0.0]
 
 
+def test_subtract_prompt_score_is_a_per_prompt_baseline_scored_once_per_prompt():
+    """score(prompt + generation) − score(prompt): with the character count, exactly len(generation);
+    the prompt alone is scored once however often it recurs; without include_prompt it is refused by name."""
+    calls: list[list[str]] = []
+
+    class Recording(CharCount):
+        def __call__(self, prompts, generations, references, meta):
+            calls.append(list(generations))
+            return super().__call__(prompts, generations, references, meta)
+
+    if "test_char_count_rec" not in rewards.ids():
+        rewards.register("test_char_count_rec")(Recording)
+    fn = build_reward({"id": "test_char_count_rec", "include_prompt": True, "subtract_prompt_score": True})
+    assert fn(["12345", "xy", "12345"], ["abc", "", "z"]) == [3.0, 0.0, 1.0]
+    assert fn(["12345", "xy"], ["abcd", "uvw"]) == [4.0, 3.0]
+    prompt_only = [c for c in calls if c and set(c) <= {"12345", "xy"}]
+    assert prompt_only == [["12345", "xy"]]
+    with pytest.raises(ValueError, match="subtract_prompt_score needs reward.include_prompt"):
+        RewardConfig(id="test_char_count", subtract_prompt_score=True)
+
+
 def test_weighted_sum_hand_checked():
     # common_gen_repeat_penalty: -1 for copying the concept list; ter: 1 - edits/ref words.
     cfg = RewardConfig(
