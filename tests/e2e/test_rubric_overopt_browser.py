@@ -39,11 +39,12 @@ def test_rubric_reward_selected_in_the_launch_form_shows_per_criterion_scores(
 
     base = live_server_with_worker.url
     login(page, base, researcher)
-    page.goto(f"{base}/launch/?preset=synthetic_ppo")
+    page.goto(f"{base}/launch/?preset=synthetic_ppo", timeout=120_000)  # a shared CPU builds the form slowly
     expect(page.locator("input[name=model__name_or_path]")).to_have_value("builtin:tiny-gpt2")
     page.click("#section-tabs a[data-section=reward]")
     page.select_option("select[name=reward__id]", "rubric")
     page.fill("textarea[name=reward__args]", RUBRIC_YAML)
+    page.fill("textarea[name=reward__components]", "")  # the preset's weighted sum had components
     page.click("#section-tabs a[data-section=train]")
     page.fill("input[name=train__n_iters]", "3")
     page.fill("input[name=train__eval_every]", "0")
@@ -52,7 +53,7 @@ def test_rubric_reward_selected_in_the_launch_form_shows_per_criterion_scores(
     page.fill("input[name=name]", "rubric-run")
     page.click("#launch-btn")
 
-    page.wait_for_url(f"{base}/runs/*/")
+    page.wait_for_url(f"{base}/runs/*/", timeout=120_000)
     run = Run.objects.get(name="rubric-run")
     assert run.config["reward"]["id"] == "rubric"
     assert run.config["reward"]["args"]["criteria"][0]["weight"] == 3
@@ -68,7 +69,7 @@ def test_rubric_reward_selected_in_the_launch_form_shows_per_criterion_scores(
         numeric, varied = s.metrics["rubric/numeric"], s.metrics["rubric/varied"]
         assert s.reward == pytest.approx((3 * (numeric - 1) / 4 + varied / 4) / 4, abs=1e-3)
 
-    page.reload()
+    page.reload(timeout=120_000)
     panel = page.locator("#rubric-panel")
     expect(panel.locator("tr[data-criterion=numeric]")).to_contain_text(
         "Is the continuation made of numbers?"
