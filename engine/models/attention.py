@@ -36,6 +36,9 @@ def _attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if attention_mask is not None and attention_mask.is_floating_point():
         attention_mask = attention_mask.float()
+    bias = kwargs.get("position_bias")
+    if bias is not None and bias.is_floating_point():  # T5's relative bias joins the mask: same dtype
+        kwargs["position_bias"] = bias.float()
     with torch.autocast("cpu", enabled=False):
         out, weights = sdpa_attention_forward(
             module, query.float(), key.float(), value.float(), attention_mask, **kwargs
