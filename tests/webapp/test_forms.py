@@ -88,7 +88,9 @@ def test_form_round_trips_a_non_default_config() -> None:
     cfg["algorithm"]["nlpo"]["top_mask"] = 0.5
     cfg["kl"]["target"] = None
     cfg["rollout"]["do_sample"] = False
-    cfg["task"]["args"] = {"n": 3, "nested": {"a": [1, 2]}}
+    # arguments the task takes (the launch checks refuse others, issue 26.4); a string with YAML's
+    # special characters checks that the text round-trips
+    cfg["task"]["args"] = {"n_samples": 3, "seed": 7, "prompt": "count: [1, 2]"}
     from engine.registry import metrics
 
     metric_id = metrics.ids()[0]
@@ -174,6 +176,7 @@ def test_reward_choices_from_other_apps_replace_the_reward_section(monkeypatch: 
         "args": {"min_tokens": 3},
         "components": [],
         "include_prompt": True,
+        "subtract_prompt_score": False,
     }
     monkeypatch.setattr(extensions, "_reward_providers", [])
     extensions.register_reward_choices(
