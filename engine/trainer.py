@@ -681,9 +681,15 @@ class Trainer:
             **_support_stats(batch.support, mask),
             "train/episode_length": float(lengths.mean()),
             "train/shaped_return": float(rewards.sum(1).mean()),
-            "value/mean": float(masked_mean(batch.values, mask)),
-            "value/explained_var": (
-                explained_variance(batch.values, ret, mask) if critic_free is None else float("nan")
+            # a critic-free algorithm (GRPO, RLOO, REINFORCE++) has no value to report: no value/* keys,
+            # so that no chart shows a line of zeros
+            **(
+                {
+                    "value/mean": float(masked_mean(batch.values, mask)),
+                    "value/explained_var": explained_variance(batch.values, ret, mask),
+                }
+                if critic_free is None
+                else {}
             ),
             **stats,
             **self._param_drift(),
@@ -744,9 +750,13 @@ class Trainer:
             "train/entropy": float(distributed.masked_mean(batch.entropy, mask)),
             "train/episode_length": float(distributed.gather_rows(mask.sum(1)).mean()),
             "train/shaped_return": float(distributed.gather_rows(rewards.sum(1)).mean()),
-            "value/mean": float(distributed.masked_mean(batch.values, mask)),
-            "value/explained_var": (
-                distributed.explained_variance(batch.values, ret, mask) if has_critic else float("nan")
+            **(
+                {
+                    "value/mean": float(distributed.masked_mean(batch.values, mask)),
+                    "value/explained_var": distributed.explained_variance(batch.values, ret, mask),
+                }
+                if has_critic
+                else {}
             ),
         }
 

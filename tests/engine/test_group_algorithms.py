@@ -298,6 +298,9 @@ def test_group_sampling_repeats_each_prompt_g_times(small_config, tmp_path):
         assert len({r["sample_id"] for r in train[i : i + 8]}) == 1
         assert len({r["prompt"] for r in train[i : i + 8]}) == 1
     assert len({r["sample_id"] for r in train}) == 4
+    # no value model, so no value/* keys (a chart of zeros said nothing, issue 26.6)
+    keys = set().union(*(json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()))
+    assert "train/reward_mean" in keys and not any(k.startswith("value/") for k in keys)
 
 
 def test_beta_zero_loads_no_reference_model(small_config, tmp_path, monkeypatch):
