@@ -101,6 +101,10 @@ def test_loader_is_idempotent_and_the_page_and_run_table_show_the_runs(
     # and the leaderboard's IMDB cells are filled by them (the test evaluation is their final evaluation)
     imdb = next(row for row in data["tasks"] if row["task"] == "imdb")
     assert {c["algorithm"] for c in imdb["cells"] if c["run"]} == {"zero_shot", "ppo"}
+    # three of the grid's 12 runs (6 cells x seeds 0, 1): shown as partial, each cell with its seed count
+    assert (study["partial"], study["n_runs"], study["expected_runs"]) == (True, 3, 12)
+    assert 'id="reference-partial-grue-imdb"' in html and "Partial: 3 of 12 runs" in html
+    assert "2 of 2 seeds" in html and "1 of 2 seeds" in html
     # the run table, filtered by the study's tag
     table = researcher_client.get("/", {"tag": "study:grue-imdb"}).content.decode()
     assert all(r.name in table for r in runs)
@@ -156,3 +160,21 @@ def test_reference_runs_are_read_only_server_side(researcher_client, researcher,
     assert mine.tags == ["x"]
     clone = services.clone_run(run, user=researcher)
     assert "reference" not in clone.tags and not lifecycle.is_reference(clone)
+
+
+def test_a_complete_grid_is_not_marked_partial(researcher_client, tiny_reference, tmp_path, no_shipped_file):
+    """The same runs as a file whose grid they fill (Zero-shot x seeds 0, 1 and PPO x seed 0 dropped to
+    one cell): no partial banner. Loading it re-stamps the unchanged runs with the new grid."""
+    doc = read_reference(tiny_reference)
+    doc["cells"], doc["seeds"] = ["zero_shot"], [0, 1]
+    doc["runs"] = [r for r in doc["runs"] if r["cell"] == "zero_shot"]
+    full = tmp_path / "grue-imdb.json.gz"
+    with gzip.open(full, "wt", encoding="utf-8") as fh:
+        json.dump(doc, fh)
+    load(tiny_reference)
+    assert "0 created, 2 replaced, 0 unchanged, 1 removed" in load(full)
+    study = next(
+        s for s in researcher_client.get("/grue/data.json").json()["reference"] if s["study"] == "grue-imdb"
+    )
+    assert (study["partial"], study["n_runs"], study["expected_runs"]) == (False, 2, 2)
+    assert "reference-partial-grue-imdb" not in researcher_client.get("/grue/").content.decode()

@@ -55,6 +55,12 @@ def _digest(run: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(run, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:32]
 
 
+def _grid(doc: dict[str, Any]) -> dict[str, Any]:
+    cells = [str(c) for c in doc.get("cells") or []]
+    seeds = [int(x) for x in doc.get("seeds") or []]
+    return {"cells": cells, "seeds": seeds, "expected_runs": len(cells) * len(seeds)}
+
+
 def _points(run: dict[str, Any], last_step: int) -> list[tuple[str, int, float | None]]:
     out: list[tuple[str, int, float | None]] = []
     for key, series in (run.get("metrics") or {}).items():
@@ -119,6 +125,8 @@ def _create(doc: dict[str, Any], run: dict[str, Any], digest: str, source: str) 
                 "seed": run["seed"],
                 "digest": digest,
                 "budget": doc.get("budget", {}).get("name"),
+                # the grid the file belongs to, so that the page can say "partial: n of m runs"
+                "grid": _grid(doc),
             },
         },
     )
@@ -156,7 +164,8 @@ def load_reference_file(path: str | Path) -> dict[str, int]:
         for run in doc["runs"]:
             key = run["key"]
             seen.add(key)
-            digest = _digest(run)
+            # the grid is part of the digest: a file that grew re-stamps every run with the new grid
+            digest = _digest({"run": run, "grid": _grid(doc)})
             old = existing.get(key)
             if old is not None and (old.summary or {}).get("reference", {}).get("digest") == digest:
                 counts["unchanged"] += 1
@@ -219,12 +228,19 @@ def study_board() -> list[dict[str, Any]]:
                 }
             )
         budget = next(((r.summary or {}).get("reference", {}).get("budget") for r in mine), None)
+        grid = next(((r.summary or {}).get("reference", {}).get("grid") for r in mine), None) or {}
+        expected = int(grid.get("expected_runs") or 0)
+        n_seeds = len(grid.get("seeds") or [])
+        for c in cells:
+            c["n_seeds"] = n_seeds
         shipped = (REFERENCE_DIR / f"{study}.json.gz").exists()
         out.append(
             {
                 "study": study,
                 "title": KNOWN_STUDIES.get(study, study),
                 "n_runs": len(mine),
+                "expected_runs": expected,
+                "partial": bool(mine) and len(mine) < expected,
                 "budget": budget,
                 "shipped": shipped,
                 "cells": cells,
