@@ -40,8 +40,11 @@ def test_bf16_update_forward_on_the_device(value_head):
     value head (shared) or the critic's trunk (separate), all on the device, finite, with gradients."""
     policy, _ = _policy(value_head)
     assert policy.lm.config._attn_implementation == NAME
-    with torch.no_grad():  # the zero-initialised value head would pass no gradient into the critic
-        policy.value_head.linear.weight.fill_(0.1)
+    # the zero-initialised value head would pass no gradient into the critic (nor would a constant one:
+    # a LayerNorm's output sums to zero over its features)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        policy.value_head.linear.weight.copy_(torch.randn(policy.value_head.linear.weight.shape, generator=g))
     batch = {
         "prompt_ids": torch.tensor([[50256, 464, 3807], [15496, 995, 13]], device=DEVICE),
         "prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1]], device=DEVICE),
