@@ -125,10 +125,11 @@ class _MinusPromptScore:
     CACHE_SIZE = 65536
 
     def __init__(self, fn: Any):
-        self.fn = fn  # the unwrapped reward: called on prompt + generation, and on the prompt alone
+        self.fn = fn  # the unwrapped reward, called on the prompt alone
+        self.with_prompt = _WithPrompt(fn)
         self._cache: dict[str, float] = {}
 
-    def _prompt_scores(self, prompts: list[str], references: Any, meta: Any) -> list[float]:
+    def _prompt_scores(self, prompts: list[str]) -> list[float]:
         missing = list(dict.fromkeys(p for p in prompts if p not in self._cache))
         if missing:
             if len(self._cache) + len(missing) > self.CACHE_SIZE:
@@ -139,8 +140,8 @@ class _MinusPromptScore:
 
     def __call__(self, prompts, generations, references, meta) -> list[float]:
         prompts = list(prompts)
-        full = self.fn(prompts, [p + g for p, g in zip(prompts, generations)], references, meta)
-        base = self._prompt_scores(prompts, references, meta)
+        full = self.with_prompt(prompts, generations, references, meta)
+        base = self._prompt_scores(prompts)
         return [float(f) - b for f, b in zip(full, base)]
 
 
