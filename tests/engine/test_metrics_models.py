@@ -222,9 +222,15 @@ def test_every_metric_gives_its_known_values_and_serves_as_reward():
         i
         for i in metrics.ids()
         # perplexity (RL4LMs's) scores the evaluated policy, corpus only: tests/engine/test_policy_perplexity.py
-        if i not in ("bert_score", "sacre_bleu", "causal_perplexity", "perplexity", "parent_totto")
+        # gold wraps a reward (engine/metrics/gold.py) and needs one: checked against CIDEr below
+        if i not in ("bert_score", "sacre_bleu", "causal_perplexity", "perplexity", "parent_totto", "gold")
     ]
-    corpus, per = compute_all(build_metrics([{"id": i} for i in ids]), prompts, gens, refs, meta)
+    specs = [{"id": i} for i in ids]
+    specs.append({"id": "gold", "args": {"reward": {"id": "metric", "args": {"metric_id": "cider"}}}})
+    corpus, per = compute_all(build_metrics(specs), prompts, gens, refs, meta)
+    # gold is the wrapped reward's per-sample values and their mean (not the corpus metric)
+    assert per.pop("gold") == pytest.approx(per["lexical/cider"], rel=1e-9)
+    assert corpus.pop("gold") == pytest.approx(sum(per["lexical/cider"]) / 2, rel=1e-9)
     assert set(corpus) == set(EVERY_METRIC), sorted(set(corpus) ^ set(EVERY_METRIC))
     for key, (empty, match, whole) in EVERY_METRIC.items():
         tol = {"rel": 1e-4, "abs": 1e-5} if key.startswith(MODEL_BASED) else {"rel": 1e-9, "abs": 1e-12}
