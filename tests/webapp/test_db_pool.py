@@ -5,6 +5,7 @@ must serve many requests over the same backends, and survive the database killin
 from __future__ import annotations
 
 import os
+import time
 import urllib.request
 
 import pytest
@@ -46,9 +47,15 @@ def test_requests_reuse_pooled_connections_and_survive_killed_backends(asgi_serv
 
     # The database kills the pooled backends (a restart looks the same to the server): the pool
     # checks a connection before lending it, so the next request still succeeds on a fresh one.
+    # pg_terminate_backend only signals the backend; on a loaded machine it can still answer the
+    # pool's check before it exits (a race a restart does not have), so wait until it is gone.
     with connection.cursor() as cur:
         for pid in before:
             cur.execute("SELECT pg_terminate_backend(%s)", [pid])
+    deadline = time.monotonic() + 30
+    while _server_backends(test_db_name) & before:
+        assert time.monotonic() < deadline, "the terminated backends did not exit within 30 s"
+        time.sleep(0.05)
     assert 'class="runs-table"' in _get(url, cookie)
     assert _server_backends(test_db_name).isdisjoint(before)
 
