@@ -9,9 +9,9 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
 from annotation import campaigns as campaign_service
-from annotation import exports
 from annotation.errors import AnnotationError
 from annotation.models import AssignmentMode, Campaign
+from annotation.pairs import preference_pairs
 from webapp.api.auth import ApiError, api_view, json_body
 from webapp.api.extensions import ApiRoutes
 from webapp.api.openapi import ERRORS, id_param, json_response, query_param, ref
@@ -60,7 +60,7 @@ def campaign_pairs(request: HttpRequest, campaign_id: int) -> JsonResponse:
     source = request.GET.get("source", "human")
     if source not in ("human", "ai", "both"):
         raise ApiError(400, f"{source[:20]!r} is not one of human, ai, both", "source")
-    pairs = exports.preference_pairs(camp, include_gold=gold, source=source)
+    pairs = preference_pairs(camp, include_gold=gold, source=source)
     return JsonResponse({"campaign_id": camp.pk, "source": source, "pairs": pairs})
 
 

@@ -22,8 +22,8 @@ from django.http import HttpRequest
 
 from annotation.ai_judges import check_source
 from annotation.errors import AnnotationError
-from annotation.exports import preference_pairs
 from annotation.models import Campaign, CampaignKind
+from annotation.pairs import preference_pairs
 from webapp.runs import paths
 from webapp.runs.errors import PathNotAllowed
 from webapp.runs.models import Run
@@ -56,7 +56,7 @@ def launch_value(camp: Campaign, source: str = "human") -> str:
 
 def export_pairs(camp: Campaign, source: str = "human") -> tuple[Path, int]:
     """Write the campaign's decided pairs (ties, both-bad and gold dropped) and return (path, count).
-    ``source``: human judgments, AI judges' verdicts or both (``exports.preference_pairs``)."""
+    ``source``: human judgments, AI judges' verdicts or both (``pairs.preference_pairs``)."""
     if camp.kind != CampaignKind.PAIRWISE:
         raise AnnotationError("DPO needs pairwise judgments; this is a Likert campaign")
     source = check_source(source)

@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from annotation.ai_judges import check_source
 from annotation.errors import AnnotationError
-from annotation.exports import preference_pairs
 from annotation.models import Campaign, CampaignKind, RewardModel, RewardModelStatus
+from annotation.pairs import preference_pairs
 from annotation.stats import wilson_interval
 from engine.reward_model import parse_pairs, train_reward_model
 from webapp.celery import app as celery_app

@@ -45,6 +45,7 @@ from annotation.models import (
     Pairing,
     RewardModel,
 )
+from annotation.pairs import preference_pairs
 from webapp.access import annotator_required, is_researcher, researcher_required, role_of
 from webapp.runs.models import Run
 
@@ -417,7 +418,7 @@ def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "axes_text": campaigns.axes_to_text(camp.axes) if camp.axes else "",
         "examples_text": json.dumps(camp.examples, indent=1) if camp.examples else "",
         "systems": [(s, camp.label(s)) for s in camp.systems],
-        "n_pairs": len(exports.preference_pairs(camp)) if camp.kind == CampaignKind.PAIRWISE else 0,
+        "n_pairs": len(preference_pairs(camp)) if camp.kind == CampaignKind.PAIRWISE else 0,
         "join_url": request.build_absolute_uri(reverse("annotation:join")),
         "reward_models": [(rm, reward_models.heldout_summary(rm.metrics)) for rm in camp.reward_models.all()],
         "ai_judges": list(camp.ai_judges.all()),

@@ -20,10 +20,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from annotation import ai_judges, assignment, campaigns, exports, invites, reward_models, uploads
+from annotation import ai_judges, assignment, campaigns, invites, reward_models, uploads
 from annotation.ai_backends import Verdict, parse_verdict
 from annotation.errors import AnnotationError
 from annotation.models import AIJudge, AIJudgment, Item
+from annotation.pairs import preference_pairs
 from engine.models.builtin import builtin_model_dir
 from tests.annotation.conftest import POSITIVE, sentiment_upload
 
@@ -513,7 +514,7 @@ def test_results_page_agreement_panel_equals_hand_computed_values(researcher_cli
 @pytest.mark.django_db
 def test_reward_model_and_dpo_take_an_explicit_source(researcher_client, runs_dir):
     camp, judge, items = _constructed_case()
-    human, ai, both = (exports.preference_pairs(camp, source=s) for s in ("human", "ai", "both"))
+    human, ai, both = (preference_pairs(camp, source=s) for s in ("human", "ai", "both"))
     assert len(human) == 15 and len(ai) == 4 and len(both) == 19  # ties dropped: 3×5 human, 4 AI verdicts
     assert {p["meta"]["source"] for p in human} == {"human"} and {p["meta"]["source"] for p in ai} == {"ai"}
     assert {p["meta"]["ai_judge"] for p in ai} == {"constructed judge"}

@@ -15,6 +15,7 @@ from django.utils import timezone
 from annotation import assignment, campaigns, exports, invites, results, uploads
 from annotation.errors import AnnotationError, Rejected, UploadError
 from annotation.models import Assignment, Campaign, Item, Judgment
+from annotation.pairs import preference_pairs
 from tests.annotation.conftest import make_user, sentiment_upload
 
 pytestmark = pytest.mark.django_db
@@ -560,7 +561,7 @@ def test_heldout_split_never_shares_an_input_with_training(two_runs):
         invites.add_member(camp, u)
     campaigns.start_campaign(camp)
     _judge_all(camp, users, lambda item, u: "a" if hash((item.pk, u.pk)) % 2 else "b")
-    raw = exports.preference_pairs(camp)
+    raw = preference_pairs(camp)
     assert len(raw) == 6 * 3 * 3
     pairs = parse_pairs([json.dumps(p) for p in raw])
     for seed in range(5):

@@ -286,7 +286,8 @@ def test_rate_and_size_limits_answer_429_and_413(client, token, settings):
 
 @pytest.mark.django_db
 def test_campaigns_and_their_pairs(client, token):
-    from annotation import assignment, campaigns, exports, invites
+    from annotation import assignment, campaigns, invites
+    from annotation.pairs import preference_pairs
     from tests.annotation.conftest import make_run, make_user
 
     prompts = [f"Prompt number {i}:" for i in range(3)]
@@ -301,7 +302,7 @@ def test_campaigns_and_their_pairs(client, token):
     listed = client.get("/api/v1/campaigns", **_auth(token)).json()["campaigns"]
     assert [(c["id"], c["name"], c["kind"]) for c in listed] == [(camp.pk, "api pairs", "pairwise")]
     pairs = client.get(f"/api/v1/campaigns/{camp.pk}/pairs", **_auth(token)).json()["pairs"]
-    assert len(pairs) == 3 and pairs == json.loads(json.dumps(exports.preference_pairs(camp)))
+    assert len(pairs) == 3 and pairs == json.loads(json.dumps(preference_pairs(camp)))
     assert {p["meta"]["source"] for p in pairs} == {"human"}
     # no AI judge in this campaign: its AI pairs are none, "both" are the human ones
     assert client.get(f"/api/v1/campaigns/{camp.pk}/pairs?source=ai", **_auth(token)).json()["pairs"] == []

@@ -20,6 +20,7 @@ from django import forms
 from engine import launch_checks, presets, yamlio
 from engine import registry as engine_registry
 from engine.config import ALGORITHM_DEFAULTS, ConfigError, RunConfig, json_schema, parse_config
+from engine.dotted import deep_merge, get_path, set_path
 from webapp.runs import extensions, paths, queries
 from webapp.runs.errors import PathNotAllowed
 
@@ -236,26 +237,6 @@ def _schema_fields(schema: dict[str, Any]) -> list[FieldSpec]:
 
     walk(schema, "")
     return out
-
-
-# ---------------------------------------------------------------- nested dict helpers
-
-
-def get_path(data: dict[str, Any], path: str, default: Any = None) -> Any:
-    cur: Any = data
-    for part in path.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            return default
-        cur = cur[part]
-    return cur
-
-
-def set_path(data: dict[str, Any], path: str, value: Any) -> None:
-    parts = path.split(".")
-    cur = data
-    for part in parts[:-1]:
-        cur = cur.setdefault(part, {})
-    cur[parts[-1]] = value
 
 
 def default_config() -> dict[str, Any]:
@@ -611,13 +592,9 @@ def field_for_path(path: str, names: dict[str, str], message: str = "") -> str |
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("args", "extra"):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+    """A config overlaid on another; a component's ``args`` and ``extra`` are replaced whole, because
+    a preset's args for one component id mean nothing to another."""
+    return deep_merge(base, over, replace=lambda key, old, new: key in ("args", "extra"))
 
 
 def form_data_from_config(config: dict[str, Any]) -> dict[str, str]:
