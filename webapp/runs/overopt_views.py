@@ -19,12 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 from django import template
 from django.http import HttpRequest
+from django.urls import reverse
 
 from engine import overopt
 from engine.rewards.rubric import DETAIL_PREFIX, RubricError, parse_rubric
+from webapp.runs import extensions, gold_jobs
 from webapp.runs.models import Checkpoint, MetricPoint, Run, Sample
 
 register = template.Library()
@@ -140,8 +143,8 @@ def eval_keys(run_ids: Iterable[int]) -> list[str]:
     return sorted(k for k in keys if k not in ("eval/reward_mean", "eval/reward_std"))
 
 
-def _params(request: HttpRequest | None) -> tuple[str, int]:
-    gold = overopt.GOLD_KEY
+def _params(request: HttpRequest | None, default_gold: str = overopt.GOLD_KEY) -> tuple[str, int]:
+    gold = default_gold
     falls = overopt.DEFAULT_FALLS
     if request is not None:
         gold = (request.GET.get("gold") or gold).strip()[:200]
@@ -150,6 +153,17 @@ def _params(request: HttpRequest | None) -> tuple[str, int]:
         except ValueError:
             falls = overopt.DEFAULT_FALLS
     return gold, falls
+
+
+def pick_default_gold(choices: list[str], jobs: list[dict[str, Any]]) -> str:
+    """``eval/gold`` when the run logged it, else the newest gold scored after the fact, else the
+    first source offered (a human campaign over the checkpoints)."""
+    if overopt.GOLD_KEY in choices:
+        return overopt.GOLD_KEY
+    done = [j["key"] for j in jobs if j["kind"] == gold_jobs.GOLD_KIND and j["key"] in choices]
+    if done:
+        return done[-1]
+    return overopt.GOLD_KEY
 
 
 def watch_of(
@@ -171,16 +185,49 @@ def watch_of(
 
 
 def overopt_context(run: Run, request: HttpRequest | None) -> dict[str, Any] | None:
-    """What the over-optimisation panel shows, or None when the run has no evaluation to use as gold."""
-    gold_key, falls = _params(request)
+    """What the over-optimisation panel shows, or None for a run with nothing to watch (no
+    evaluation metric, no evaluation generations, no checkpoint)."""
     choices = eval_keys([run.pk])
-    if not choices:
+    jobs = [gold_jobs.job_json(j) for j in gold_jobs.jobs_of(run)]
+    ckpts = list(Checkpoint.objects.filter(run_id=run.pk).order_by("step"))
+    has_evals = bool(gold_jobs.eval_steps(run.pk)) if not choices else True
+    sources = extensions_gold_sources(run)
+    if not choices and not has_evals and not ckpts and not sources:
         return None
+    gold_key, falls = _params(request, pick_default_gold(choices, jobs))
+    source = next((g for g in sources if g["key"] == gold_key), None)
     series = _series([run.pk], [gold_key, overopt.KL_KEY, *overopt.PROXY_KEYS]).get(run.pk, {})
-    ctx = {"choices": choices, "gold_key": gold_key, "falls": falls, "has_gold": bool(series.get(gold_key))}
+    if source is not None:
+        series[gold_key] = {int(k): float(v) for k, v in source["series"].items()}
+    ctx: dict[str, Any] = {
+        "choices": choices,
+        "sources": sources,
+        "source": source,
+        "gold_key": gold_key,
+        "falls": falls,
+        "has_gold": bool(series.get(gold_key)),
+        "jobs": [j for j in jobs if j["kind"] == gold_jobs.GOLD_KIND],
+        "can_score": has_evals and not run.is_reference,
+        "jobs_url": reverse("runs:gold_jobs", args=[run.pk]),
+    }
     if ctx["has_gold"]:
         ctx.update(watch_of(run, series, gold_key, falls))
+    exports = {j["step"]: j for j in jobs if j["kind"] == gold_jobs.EXPORT_KIND}
+    gold_at = series.get(gold_key) or {}
+    best = ctx.get("watch").best_checkpoint if ctx.get("watch") is not None else None
+    ctx["checkpoints"] = [
+        {"step": c.step, "gold": gold_at.get(int(c.step)), "best": c.step == best,
+         "export": exports.get(int(c.step)),
+         "launch_url": reverse("runs:launch") + "?" + urlencode({"checkpoint": f"{run.pk}:{c.step}"})}
+        for c in ckpts
+    ]  # fmt: skip
     return ctx
+
+
+def extensions_gold_sources(run: Run) -> list[dict[str, Any]]:
+    """Golds other apps provide for this run (a human campaign over its checkpoints)."""
+    provider = getattr(extensions, "gold_sources", None)
+    return list(provider(run)) if callable(provider) else []
 
 
 # ------------------------------------------------------------------------------------ template tags

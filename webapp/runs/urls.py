@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from webapp.runs import views
+from webapp.runs import gold_views, views
 
 app_name = "runs"
 
@@ -29,4 +29,13 @@ urlpatterns = [
     path("runs/<int:pk>/delete/", views.run_delete, name="delete"),
     path("runs/<int:pk>/meta/", views.run_update_meta, name="meta"),
     path("runs/<int:pk>/placement.json", views.run_placement, name="placement"),
+    # the over-optimisation watch's jobs (webapp/runs/gold_jobs.py)
+    path("runs/<int:pk>/gold/", gold_views.gold_start, name="gold_start"),
+    path("runs/<int:pk>/gold/jobs.json", gold_views.jobs_json, name="gold_jobs"),
+    path("runs/<int:pk>/checkpoints/<int:step>/export/", gold_views.checkpoint_export, name="ckpt_export"),
+    path(
+        "runs/<int:pk>/checkpoints/<int:step>/model.tar.gz",
+        gold_views.checkpoint_download,
+        name="ckpt_download",
+    ),
 ]

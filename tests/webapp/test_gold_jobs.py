@@ -1,0 +1,295 @@
+"""The over-optimisation watch after the fact (issue 28 §2): a gold picked on the run page and scored
+by the real Celery worker on the run's stored evaluation generations; a checkpoint exported as a
+model directory, downloaded, and launched from; the refusals (bad input names its field, roles)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_for_condition
+
+STEPS = [0, 10, 20, 30]
+#: Digit share of the generations at each evaluation step: the stub judge's "numeric" criterion.
+GENERATIONS = {
+    0: ["1 2 3 4", "5 6 7 8"],  # 1.0
+    10: ["1 2 3 4", "5 6 7 x"],  # 1.0, 0.75
+    20: ["1 2 y y", "5 6 y y"],  # 0.5
+    30: ["1 y y y", "y y y y"],  # 0.25, 0
+}
+RUBRIC_ARGS = """criteria:
+  - name: numeric
+    description: Is the continuation made of numbers?
+    scale: {min: 0, max: 1}
+judge: {backend: stub}
+"""
+
+
+def _run_with_evaluations(runs_dir: Path, name: str = "vader run") -> Any:
+    from webapp.runs import ingest, services
+    from webapp.runs.models import Checkpoint, Run, RunStatus, Sample
+
+    run = services.create_run({"name": name, "model": {"name_or_path": "builtin:tiny-gpt2"}})
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+    for step in STEPS:
+        for i, gen in enumerate(GENERATIONS[step]):
+            Sample.objects.create(
+                run=run, step=step, split="validation", sample_id=str(i), prompt=f"p{i}", generation=gen
+            )
+    # the final evaluation logs every prompt; only the ids every step has are scored
+    Sample.objects.create(run=run, step=30, split="validation", sample_id="7", prompt="p7", generation="9 9")
+    points = []
+    for k, step in enumerate(STEPS):
+        points += [("eval/reward_mean", step, 0.1 * (k + 1)), ("train/kl_episode", step, step / 10)]
+    ingest.ingest_metrics(run.pk, points)
+    for step in (10, 20):
+        Checkpoint.objects.create(
+            run=run, step=step, path=str(runs_dir / f"run-{run.pk}/checkpoints/rl-{step:06d}")
+        )
+    return run
+
+
+def _write_checkpoint(path: Path, marker: float) -> None:
+    """A checkpoint as the trainer writes it (``state.pt`` with the policy's ``lm.*`` and
+    ``value_head.*`` tensors), from the tiny GPT-2 with one weight set to ``marker``."""
+    import torch
+
+    from engine.models.loading import load_lm, resolve_model_path
+
+    lm = load_lm(resolve_model_path("builtin:tiny-gpt2"), "causal")
+    with torch.no_grad():
+        lm.transformer.wte.weight[3, 1] = marker
+    policy = {f"lm.{k}": v for k, v in lm.state_dict().items()}
+    policy["value_head.linear.weight"] = torch.full((1, lm.config.n_embd), 0.5)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save({"policy": policy, "iteration": 10, "phase": "rl"}, path / "state.pt")
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("choice", "args", "label", "field", "text"),
+    [
+        ("reward:no_such", "", "", "gold", "unknown reward id 'no_such'"),
+        ("reward:weighted_sum", "", "", "gold", "unknown reward id"),
+        ("", "", "", "gold", "choose a registered reward"),
+        ("reward:rubric", "criteria: [", "", "args", "bad YAML"),
+        ("reward:rubric", "- 1\n- 2", "", "args", "YAML mapping"),
+        ("reward:rubric", RUBRIC_ARGS + "colour: red\n", "", "args.colour", "has no argument 'colour'"),
+        ("reward:rubric", RUBRIC_ARGS, "Bad Label!", "label", "lower-case letters"),
+        ("choice:rm:99999", "", "", "gold", "not an available trained reward model"),
+        ("reward:learned", "model_path: /etc", "", "args.model_path", "outside the allowed directories"),
+    ],
+)
+def test_bad_gold_requests_name_their_field(
+    choice: str, args: str, label: str, field: str, text: str
+) -> None:
+    from webapp.runs import gold_jobs
+
+    with pytest.raises(gold_jobs.GoldJobError) as err:
+        gold_jobs.clean_gold_request(choice, args, label)
+    assert err.value.field == field
+    assert text in err.value.message
+
+
+@pytest.mark.django_db
+def test_a_registered_gold_gets_its_id_as_default_label() -> None:
+    from webapp.runs import gold_jobs
+
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "")
+    assert (spec["id"], label) == ("rubric", "rubric")
+    assert spec["args"]["judge"] == {"backend": "stub"}
+    assert "reward:weighted_sum" not in {c["value"] for c in gold_jobs.gold_choices()}
+
+
+@pytest.mark.django_db
+def test_reference_runs_and_runs_without_evaluations_are_refused(runs_dir: Path, researcher: Any) -> None:
+    from webapp.runs import gold_jobs, services
+    from webapp.runs.models import Run
+
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "")
+    bare = services.create_run({"name": "no evals"})
+    with pytest.raises(gold_jobs.GoldJobError, match="no evaluation generations"):
+        gold_jobs.start_gold_job(bare, spec, label, enqueue=False)
+    run = _run_with_evaluations(runs_dir)
+    Run.objects.filter(pk=run.pk).update(worker_host="reference:grue")
+    run.refresh_from_db()
+    with pytest.raises(gold_jobs.GoldJobError, match="read-only"):
+        gold_jobs.start_gold_job(run, spec, label, enqueue=False)
+
+
+def test_roles_every_new_endpoint(annotator_client: Any, researcher: Any, db: Any) -> None:
+    from django.test import Client
+
+    from webapp.runs import services
+
+    run = services.create_run({"name": "r"})
+    urls = [
+        ("post", f"/runs/{run.pk}/gold/"),
+        ("get", f"/runs/{run.pk}/gold/jobs.json"),
+        ("post", f"/runs/{run.pk}/checkpoints/10/export/"),
+        ("get", f"/runs/{run.pk}/checkpoints/10/model.tar.gz"),
+        ("get", f"/launch/?checkpoint={run.pk}:10"),
+    ]
+    anonymous = Client()
+    for method, url in urls:
+        r = getattr(anonymous, method)(url)
+        assert r.status_code == 302 and "/accounts/login/" in r["Location"], url
+        r = getattr(annotator_client, method)(url)
+        assert r.status_code in (302, 403), url
+        if r.status_code == 302:
+            assert "/annotate" in r["Location"] or "/annotation" in r["Location"], (url, r["Location"])
+
+
+# ------------------------------------------------------------------------------ real worker flows
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gold_after_the_fact_scored_by_the_worker(
+    researcher_client: Any, celery_worker: Any, runs_dir: Path
+) -> None:
+    from webapp.runs.models import Artifact, MetricPoint
+
+    run = _run_with_evaluations(runs_dir)
+    r = researcher_client.post(
+        f"/runs/{run.pk}/gold/", {"gold": "reward:rubric", "args": RUBRIC_ARGS, "label": "judge"}
+    )
+    assert r.status_code == 302
+    job = Artifact.objects.get(run=run, kind="gold-job")
+
+    def done() -> bool:
+        job.refresh_from_db()
+        assert job.meta["status"] != "failed", job.meta["error"] + "\n" + celery_worker.log()[-3000:]
+        return job.meta["status"] == "succeeded"
+
+    wait_for_condition(done, timeout=180, interval=0.2, what="the gold job")
+    gold = dict(MetricPoint.objects.filter(run=run, key="eval/gold:judge").values_list("step", "value"))
+    # the two prompts every step has (ids 0 and 1), never the final evaluation's extra one
+    assert gold == pytest.approx({0: 1.0, 10: 0.875, 20: 0.5, 30: 0.125})
+    crit = dict(
+        MetricPoint.objects.filter(run=run, key="eval/gold:judge/numeric").values_list("step", "value")
+    )
+    assert crit == pytest.approx(gold)
+    steps = job.meta["steps"]
+    assert [s["n"] for s in steps] == [2, 2, 2, 2]
+    assert steps[1]["se"] == pytest.approx(0.125)  # sd of (1, 0.75) / sqrt 2
+    assert (job.meta["done"], job.meta["total"]) == (4, 4)
+
+    # The panel picks the new gold by default: the proxy rose while it fell 3 times in a row.
+    page = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert "eval/gold:judge" in page
+    assert "the gold fell at 3 consecutive evaluations" in page
+    assert 'id="overopt-best-checkpoint">10<' in page  # step 10 (0.875) beats step 20 (0.5)
+    jobs = researcher_client.get(f"/runs/{run.pk}/gold/jobs.json").json()["jobs"]
+    assert jobs[0]["status"] == "succeeded" and jobs[0]["key"] == "eval/gold:judge"
+
+    # The same label twice is refused: the form comes back with the message naming the field.
+    r = researcher_client.post(
+        f"/runs/{run.pk}/gold/", {"gold": "reward:rubric", "args": RUBRIC_ARGS, "label": "judge"}
+    )
+    assert r.status_code == 400
+    page = r.content.decode()
+    assert "Gold not started: label: this run already has a gold named &#x27;judge&#x27;" in page
+    assert 'id="gold-label" maxlength="40" value="judge"' in page
+
+
+@pytest.mark.django_db
+def test_the_gold_form_lists_registered_rewards_and_keeps_values_on_errors(
+    researcher_client: Any, runs_dir: Path
+) -> None:
+    run = _run_with_evaluations(runs_dir, name="<i>x</i>")
+    page = researcher_client.get(f"/runs/{run.pk}/gold/").content.decode()
+    assert '<option value="reward:rubric"' in page and "4 evaluation steps" in page
+    assert "&lt;i&gt;x&lt;/i&gt;" in page
+    r = researcher_client.post(f"/runs/{run.pk}/gold/", {"gold": "reward:rubric", "args": "criteria: [\n"})
+    assert r.status_code == 400
+    page = r.content.decode()
+    assert "Gold not started: args: bad YAML" in page
+    assert 'id="gold-args"' in page and "criteria: [" in page
+    # the run page links the form
+    assert (
+        f'href="/runs/{run.pk}/gold/" id="gold-new-link"'
+        in researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_export_download_and_launch_from_the_best_checkpoint(
+    researcher_client: Any, celery_worker: Any, runs_dir: Path
+) -> None:
+    from webapp.runs.models import Artifact
+
+    run = _run_with_evaluations(runs_dir, name="exported <b>run</b>")
+    ckpt = runs_dir / f"run-{run.pk}/checkpoints/rl-000010"
+    _write_checkpoint(ckpt, marker=0.625)
+
+    # Not exported yet: the launch form says so and starts from the defaults.
+    page = researcher_client.get(f"/launch/?checkpoint={run.pk}:10").content.decode()
+    assert "step 10 of run #" in page and "is not exported yet" in page
+
+    r = researcher_client.post(f"/runs/{run.pk}/checkpoints/10/export/")
+    assert r.status_code == 302
+    job = Artifact.objects.get(run=run, kind="checkpoint-export")
+
+    def done() -> bool:
+        job.refresh_from_db()
+        assert job.meta["status"] != "failed", job.meta["error"] + "\n" + celery_worker.log()[-3000:]
+        return job.meta["status"] == "succeeded"
+
+    wait_for_condition(done, timeout=180, interval=0.2, what="the export job")
+    out = Path(job.path)
+    assert out == runs_dir.resolve() / "exports" / f"run-{run.pk}-rl-000010"
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(str(out))
+    assert float(lm.transformer.wte.weight[3, 1].detach()) == pytest.approx(0.625)
+    assert float(load_file(str(out / "value_head.safetensors"))["linear.weight"][0, 0]) == 0.5
+
+    r = researcher_client.get(f"/runs/{run.pk}/checkpoints/10/model.tar.gz")
+    assert r.status_code == 200 and r["Content-Disposition"].endswith(f'run-{run.pk}-step-10.tar.gz"')
+    with tarfile.open(fileobj=io.BytesIO(b"".join(r.streaming_content)), mode="r:gz") as tar:
+        names = tar.getnames()
+    assert f"run-{run.pk}-rl-000010/config.json" in names
+    assert f"run-{run.pk}-rl-000010/value_head.safetensors" in names
+    assert researcher_client.get(f"/runs/{run.pk}/checkpoints/20/model.tar.gz").status_code == 404
+
+    page = researcher_client.get(f"/launch/?checkpoint={run.pk}:10").content.decode()
+    assert str(out) in page  # model.name_or_path pre-filled with the export
+    assert "exported &lt;b&gt;run&lt;/b&gt; from step 10" in page
+    # the run page links both, and the export of another step is offered
+    detail = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert f"/runs/{run.pk}/checkpoints/10/model.tar.gz" in detail
+    assert f"/launch/?checkpoint={run.pk}%3A10" in detail
+    assert f"/runs/{run.pk}/checkpoints/20/export/" in detail
+
+
+@pytest.mark.django_db
+def test_launch_source_refuses_bad_values(researcher_client: Any) -> None:
+    for value, text in [
+        ("abc", "expected &lt;run id&gt;:&lt;step&gt;"),
+        ("999999:1", "there is no run #999999"),
+    ]:
+        page = researcher_client.get(f"/launch/?checkpoint={value}").content.decode()
+        assert text in page, value
+
+
+@pytest.mark.django_db
+def test_export_of_a_checkpoint_outside_the_roots_is_refused(researcher: Any, tmp_path: Path) -> None:
+    from webapp.runs import gold_jobs, services
+    from webapp.runs.models import Checkpoint
+
+    run = services.create_run({"name": "r"})
+    Checkpoint.objects.create(run=run, step=5, path="/etc/rl-000005")
+    with pytest.raises(gold_jobs.GoldJobError) as err:
+        gold_jobs.start_export_job(run, 5, enqueue=False)
+    assert err.value.field == "step" and "outside the allowed directories" in err.value.message
+    with pytest.raises(gold_jobs.GoldJobError, match="no saved checkpoint at step 6"):
+        gold_jobs.start_export_job(run, 6, enqueue=False)

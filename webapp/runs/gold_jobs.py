@@ -1,0 +1,457 @@
+"""Jobs of the over-optimisation watch after a run has ended: a gold scored on the run's evaluation
+generations, and a checkpoint exported as a model directory (to download, or to launch from).
+
+Why after the fact: a researcher usually learns that the proxy was gamed only after the run, and did
+not configure a ``gold`` evaluation metric at launch. Every evaluation the run made stored its
+generations (``Sample`` rows of the evaluation split; the first ``train.log_samples`` prompts at each
+periodic evaluation, all of them at the final one), so any registered reward can score them later
+without re-generating: the gold of evaluation step s is the mean gold over that step's generations.
+The same prompts are scored at every step (the sample ids common to all evaluation steps), so the
+steps differ only by the policy; each step's standard error is kept beside its mean.
+
+The gold is chosen by **registered id** (a reward of ``engine.registry.rewards``: ``rubric`` with
+the local AI judge, ``learned``, ``metric``, a sentiment classifier…, with its arguments as YAML
+data) or as a trained reward model offered by another app (``extensions.reward_choices``); never
+code. Its arguments go through the same checks as a launched config's reward (registered ids,
+argument names, the rubric's own checks, local paths inside the read roots), each error naming its
+field. The values are stored as ordinary metric points ``eval/gold:<label>`` (and
+``eval/gold:<label>/<criterion>`` for a rubric), so the over-optimisation panel, the charts, the
+compare view and the exports show them like any evaluation metric.
+
+Job state lives on an ``Artifact`` row of the run (``kind`` ``gold-job`` or ``checkpoint-export``,
+state in ``meta``): the run owns its jobs, deleting the run deletes them, and no migration is needed.
+Only the worker that claimed a job (same ``task_id``, conditional update) writes its progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import uuid
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from celery import shared_task
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from engine import launch_checks, registry, yamlio
+from webapp.celery import app as celery_app
+from webapp.runs import extensions, ingest, paths
+from webapp.runs.errors import PathNotAllowed
+from webapp.runs.models import Artifact, Checkpoint, Run, Sample
+from webapp.runs.workers import run_queue
+
+log = logging.getLogger(__name__)
+
+GOLD_KIND = "gold-job"
+EXPORT_KIND = "checkpoint-export"
+GOLD_TASK = "webapp.runs.gold_jobs.score_gold"
+EXPORT_TASK = "webapp.runs.gold_jobs.export_checkpoint"
+KEY_PREFIX = "eval/gold:"
+ACTIVE = ("queued", "running")
+MAX_ARGS_CHARS = 20_000
+LABEL = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
+#: Rewards that make no sense as a gold chosen here (``weighted_sum`` needs components).
+NOT_GOLD = frozenset({"weighted_sum"})
+#: The checkpoint directory names the engine writes (as ``engine.trainer.CHECKPOINT_NAME``).
+CHECKPOINT_NAME = re.compile(r"rl-[0-9]{6,12}")
+
+
+class GoldJobError(ValueError):
+    """Bad input or a refused job; ``field`` names the form field the message is about."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+# ------------------------------------------------------------------------------------------ choices
+
+
+def gold_choices() -> list[dict[str, str]]:
+    """What the "gold after the fact" menu offers: every registered reward (with YAML arguments), and
+    the trained reward models other apps offer (complete configs, no arguments)."""
+    out = [
+        {"value": f"reward:{rid}", "label": f"{rid} — {desc}" if desc else rid, "group": "registered"}
+        for rid, desc in sorted(registry.rewards.describe().items())
+        if rid not in NOT_GOLD
+    ]
+    for choice in extensions.reward_choices():
+        out.append({"value": f"choice:{choice['id']}", "label": choice["label"], "group": "trained"})
+    return out
+
+
+def clean_gold_request(choice: str, args_text: str, label: str) -> tuple[dict[str, Any], str]:
+    """``(reward config, label)`` of a gold request, or :class:`GoldJobError` naming the field."""
+    choice = (choice or "").strip()
+    args_text = args_text or ""
+    if choice.startswith("choice:"):
+        found = {f"choice:{c['id']}": c for c in extensions.reward_choices()}
+        if choice not in found:
+            raise GoldJobError("gold", f"{choice[:80]!r} is not an available trained reward model")
+        if args_text.strip():
+            raise GoldJobError("args", "a trained reward model takes no arguments here; leave them empty")
+        spec = dict(found[choice]["config"])
+        default_label = re.sub(r"[^a-z0-9_.-]+", "-", choice[7:].lower()).strip("-") or "learned"
+    elif choice.startswith("reward:"):
+        rid = choice[7:]
+        if rid not in registry.rewards or rid in NOT_GOLD:
+            known = ", ".join(r for r in registry.rewards.ids() if r not in NOT_GOLD)
+            raise GoldJobError("gold", f"unknown reward id {rid[:80]!r}; registered: {known}")
+        if len(args_text) > MAX_ARGS_CHARS:
+            raise GoldJobError("args", f"longer than {MAX_ARGS_CHARS} characters")
+        try:
+            args = yamlio.safe_load(args_text) if args_text.strip() else {}
+        except Exception as exc:  # noqa: BLE001 - any YAML error: say where
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise GoldJobError("args", f"bad YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        if args is None:
+            args = {}
+        if not isinstance(args, Mapping):
+            raise GoldJobError("args", "the arguments must be a YAML mapping (name: value lines)")
+        spec = {"id": rid, "args": dict(args)}
+        default_label = rid
+    else:
+        raise GoldJobError("gold", "choose a registered reward or a trained reward model")
+    errors = launch_checks.component_errors({"reward": spec}) + launch_checks.argument_errors(
+        {"reward": spec}
+    )
+    errors += paths.config_read_violations({"reward": spec})
+    if errors:
+        field, message = errors[0]
+        raise GoldJobError(field[len("reward.") :] if field.startswith("reward.args") else "gold", message)
+    label = (label or "").strip().lower() or default_label[:40]
+    if not LABEL.match(label):
+        raise GoldJobError(
+            "label",
+            "1–40 characters: lower-case letters, digits, '-', '_' or '.', starting with a letter or digit",
+        )
+    return spec, label
+
+
+# ---------------------------------------------------------------------------------------- jobs rows
+
+
+def jobs_of(run: Run, kind: str | None = None) -> list[Artifact]:
+    qs = Artifact.objects.filter(run_id=run.pk, kind__in=[kind] if kind else [GOLD_KIND, EXPORT_KIND])
+    return list(qs.order_by("id"))
+
+
+def job_json(job: Artifact) -> dict[str, Any]:
+    """What the run page shows of a job (no server paths of other runs, nothing secret)."""
+    m = job.meta or {}
+    out = {
+        "id": job.pk,
+        "kind": job.kind,
+        "name": job.name,
+        "status": m.get("status", ""),
+        "done": m.get("done", 0),
+        "total": m.get("total", 0),
+        "error": m.get("error", ""),
+    }
+    if job.kind == GOLD_KIND:
+        out.update(key=m.get("key", ""), gold=m.get("gold", ""), steps=m.get("steps", []))
+    else:
+        out.update(step=m.get("step"), path=job.path if m.get("status") == "succeeded" else "")
+    return out
+
+
+def _check_writable(run: Run) -> None:
+    if run.is_reference:
+        raise GoldJobError("run", "reference runs are read-only: clone the run to score a gold on it")
+
+
+def start_gold_job(
+    run: Run, spec: dict[str, Any], label: str, user: Any = None, enqueue: bool = True
+) -> Artifact:
+    """Queue the scoring of ``spec`` on the run's evaluation generations (after the commit)."""
+    _check_writable(run)
+    key = KEY_PREFIX + label
+    if not eval_steps(run.pk):
+        raise GoldJobError(
+            "run", "this run stored no evaluation generations (evaluation split samples) to score"
+        )
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(pk=run.pk).first()  # one job creation at a time per run
+        if Artifact.objects.filter(run_id=run.pk, kind=GOLD_KIND, name=label).exists():
+            raise GoldJobError("label", f"this run already has a gold named {label!r}; choose another label")
+        task_id = uuid.uuid4().hex
+        job = Artifact.objects.create(
+            run=run, name=label, kind=GOLD_KIND, path="",
+            meta={"status": "queued", "task_id": task_id, "spec": spec, "key": key, "gold": _describe(spec),
+                  "done": 0, "total": 0, "steps": [], "error": "",
+                  "by": getattr(user, "username", "") if getattr(user, "is_authenticated", False) else ""},
+        )  # fmt: skip
+        if enqueue:
+            transaction.on_commit(lambda: _enqueue(GOLD_TASK, job.pk, task_id))
+    return job
+
+
+def _describe(spec: Mapping[str, Any]) -> str:
+    args = spec.get("args") or {}
+    judge = args.get("judge") if isinstance(args, Mapping) else None
+    text = str(spec.get("id"))
+    if isinstance(judge, Mapping) and judge.get("backend"):
+        text += f" (judge {judge.get('backend')})"
+    return text
+
+
+def start_export_job(run: Run, step: int, user: Any = None, enqueue: bool = True) -> Artifact:
+    """Queue the export of the run's checkpoint at ``step`` as a model directory (once per step)."""
+    ckpt = Checkpoint.objects.filter(run_id=run.pk, step=step).first()
+    if ckpt is None:
+        raise GoldJobError("step", f"run #{run.pk} has no saved checkpoint at step {step}")
+    source = checkpoint_dir(ckpt)
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(pk=run.pk).first()
+        existing = Artifact.objects.filter(run_id=run.pk, kind=EXPORT_KIND, meta__step=int(step)).first()
+        if existing is not None and (existing.meta or {}).get("status") in (*ACTIVE, "succeeded"):
+            return existing
+        task_id = uuid.uuid4().hex
+        meta = {"status": "queued", "task_id": task_id, "step": int(step), "checkpoint": str(source),
+                "done": 0, "total": 1, "error": ""}  # fmt: skip
+        out = export_dir(run, source)
+        if existing is not None:
+            existing.meta, existing.path = meta, str(out)
+            existing.save(update_fields=["meta", "path"])
+            job = existing
+        else:
+            job = Artifact.objects.create(
+                run=run, name=source.name, kind=EXPORT_KIND, path=str(out), meta=meta
+            )
+        if enqueue:
+            transaction.on_commit(lambda: _enqueue(EXPORT_TASK, job.pk, task_id))
+    return job
+
+
+def checkpoint_dir(ckpt: Checkpoint) -> Path:
+    """The checkpoint's directory, resolved, inside the read roots and named as the engine names RL
+    checkpoints; anything else is refused (a row could have been written by an import or the API)."""
+    try:
+        p = paths.check_path(ckpt.path, paths.read_roots())
+    except PathNotAllowed as exc:
+        raise GoldJobError("step", str(exc)) from None
+    if not CHECKPOINT_NAME.fullmatch(p.name):
+        raise GoldJobError("step", f"{p.name!r} is not an RL checkpoint directory (rl-<step>)")
+    return p
+
+
+def export_dir(run: Run, source: Path) -> Path:
+    """Where an export goes: ``<runs dir>/exports/run-<id>-<checkpoint>`` (inside the read roots, so a
+    launched run may load it; outside every run directory, so deleting the run's files keeps it)."""
+    return paths.runs_root() / "exports" / f"run-{run.pk}-{source.name}"
+
+
+def succeeded_export(run_id: int, step: int) -> Artifact | None:
+    job = Artifact.objects.filter(run_id=run_id, kind=EXPORT_KIND, meta__step=int(step)).first()
+    return job if job is not None and (job.meta or {}).get("status") == "succeeded" else None
+
+
+def _enqueue(task: str, job_id: int, task_id: str) -> None:
+    """Send by name; a broker that does not answer fails the job with the reason."""
+    try:
+        with celery_app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, interval_max=0.5)
+            celery_app.send_task(
+                task, args=[job_id, task_id], queue=run_queue(), task_id=task_id, retry=False, connection=conn
+            )
+    except Exception as exc:  # noqa: BLE001 - kombu/redis raise many types for "broker down"
+        _update(job_id, task_id, status="failed", error=f"could not queue: {exc}")
+
+
+def _update(job_id: int, task_id: str, **fields: Any) -> bool:
+    """Merge ``fields`` into the job's meta while the job still names ``task_id`` (row lock)."""
+    with transaction.atomic():
+        job = Artifact.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or (job.meta or {}).get("task_id") != task_id:
+            return False
+        job.meta = {**(job.meta or {}), **fields}
+        if fields.get("status") in ("succeeded", "failed"):
+            job.meta["finished"] = timezone.now().isoformat()
+        job.save(update_fields=["meta"])
+    return True
+
+
+def _claim(job_id: int, task_id: str) -> Artifact | None:
+    """queued → running, once: a redelivered or stale message does nothing."""
+    with transaction.atomic():
+        job = Artifact.objects.select_for_update().filter(pk=job_id).first()
+        m = (job.meta or {}) if job is not None else {}
+        if job is None or m.get("task_id") != task_id or m.get("status") != "queued":
+            return None
+        job.meta = {**m, "status": "running", "started": timezone.now().isoformat()}
+        job.save(update_fields=["meta"])
+    return job
+
+
+# ------------------------------------------------------------------------------------ gold scoring
+
+
+def eval_steps(run_id: int) -> list[int]:
+    return sorted(
+        set(Sample.objects.filter(run_id=run_id).exclude(split="train").values_list("step", flat=True))
+    )
+
+
+def paired_samples(run_id: int) -> dict[int, list[Sample]]:
+    """Each evaluation step's generations of the prompts every step has (by sample id), in sample-id
+    order, so step means differ by the policy only; without common ids, each step's own samples."""
+    by_step: dict[int, dict[str, Sample]] = defaultdict(dict)
+    loose: dict[int, list[Sample]] = defaultdict(list)
+    for s in Sample.objects.filter(run_id=run_id).exclude(split="train").order_by("step", "id"):
+        loose[s.step].append(s)
+        if s.sample_id:
+            by_step[s.step].setdefault(s.sample_id, s)
+    steps = sorted(loose)
+    common = (
+        set.intersection(*(set(by_step[s]) for s in steps))
+        if steps and all(by_step[s] for s in steps)
+        else set()
+    )
+    if common:
+        order = sorted(common, key=lambda i: (0, int(i), "") if i.isdigit() else (1, 0, i))
+        return {s: [by_step[s][i] for i in order] for s in steps}
+    return {s: loose[s] for s in steps}
+
+
+def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
+    """The worker's part: score every evaluation step's generations with the gold and store the
+    means (and the rubric's per-criterion means) as metric points, step by step, with progress."""
+    from engine.metrics.gold import GoldReward  # torch-bound rewards load in the worker only
+
+    job = _claim(job_id, task_id)
+    if job is None:
+        return {"id": job_id, "status": "not claimed"}
+    meta = job.meta
+    per_step = paired_samples(job.run_id)
+    _update(job_id, task_id, total=len(per_step), done=0)
+    try:
+        metric = GoldReward(reward=meta["spec"])
+    except Exception as exc:  # noqa: BLE001 - the reason goes on the job, the page shows it
+        _update(
+            job_id, task_id, status="failed", error=f"could not build the gold: {type(exc).__name__}: {exc}"
+        )
+        return {"id": job_id, "status": "failed"}
+    key = meta["key"]
+    steps_out: list[dict[str, Any]] = []
+    for done, (step, samples) in enumerate(sorted(per_step.items()), 1):
+        try:
+            result = metric.compute(
+                [s.prompt for s in samples],
+                [s.generation for s in samples],
+                [list(s.references or []) for s in samples],
+            )
+        except Exception as exc:  # noqa: BLE001
+            _update(job_id, task_id, status="failed", error=f"step {step}: {type(exc).__name__}: {exc}")
+            return {"id": job_id, "status": "failed"}
+        values, mean = result["gold"]
+        points = [(key, step, mean)]
+        for name, (_vals, m) in result.items():
+            if name != "gold":
+                points.append((key + name[len("gold") :], step, m))
+        ingest.ingest_metrics(job.run_id, points, returning=False)
+        steps_out.append({"step": step, "mean": mean, "se": _se(values or []), "n": len(samples)})
+        if not _update(job_id, task_id, done=done, steps=steps_out):
+            return {"id": job_id, "status": "superseded"}
+    _update(job_id, task_id, status="succeeded")
+    return {"id": job_id, "status": "succeeded", "steps": len(steps_out)}
+
+
+def _se(values: list[float]) -> float | None:
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def run_export_job(job_id: int, task_id: str) -> dict[str, Any]:
+    """The worker's part of an export: the paths are checked again here, right before reading."""
+    from engine.checkpoint_export import export_checkpoint as export
+
+    job = _claim(job_id, task_id)
+    if job is None:
+        return {"id": job_id, "status": "not claimed"}
+    run = Run.objects.get(pk=job.run_id)
+    try:
+        ckpt = Checkpoint.objects.get(run_id=run.pk, step=job.meta["step"])
+        source = checkpoint_dir(ckpt)
+        out = export_dir(run, source)
+        paths.check_output_dir(out.parent, what="export directory")
+        export(run.config or {}, source, out)
+    except Exception as exc:  # noqa: BLE001 - the reason goes on the job
+        _update(job_id, task_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+        return {"id": job_id, "status": "failed"}
+    _update(job_id, task_id, status="succeeded", done=1)
+    return {"id": job_id, "status": "succeeded"}
+
+
+@shared_task(name=GOLD_TASK, ignore_result=True)
+def score_gold(job_id: int, task_id: str) -> dict[str, Any]:
+    close_old_connections()
+    try:
+        return run_gold_job(job_id, task_id)
+    except Exception as exc:
+        log.exception("gold job %s failed", job_id)
+        _update(job_id, task_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        close_old_connections()
+
+
+@shared_task(name=EXPORT_TASK, ignore_result=True)
+def export_checkpoint(job_id: int, task_id: str) -> dict[str, Any]:
+    close_old_connections()
+    try:
+        return run_export_job(job_id, task_id)
+    except Exception as exc:
+        log.exception("export job %s failed", job_id)
+        _update(job_id, task_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        close_old_connections()
+
+
+# ------------------------------------------------------------------------------ launch from a checkpoint
+
+
+def launch_from_checkpoint(request: Any, value: str) -> dict[str, Any]:
+    """The launch form's ``?checkpoint=<run>:<step>`` source: the run's config with the exported
+    checkpoint as ``model.name_or_path``; the path is the server's own export, inside the read roots."""
+    m = re.fullmatch(r"([0-9]{1,12}):([0-9]{1,12})", value.strip())
+    if not m:
+        raise ValueError(f"checkpoint: expected <run id>:<step>, got {value[:40]!r}")
+    run_id, step = int(m.group(1)), int(m.group(2))
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        raise ValueError(f"checkpoint: there is no run #{run_id}")
+    job = succeeded_export(run_id, step)
+    if job is None:
+        raise ValueError(
+            f"checkpoint: step {step} of run #{run_id} is not exported yet; export it on the run page first"
+        )
+    try:
+        model_dir = paths.check_path(job.path, paths.read_roots())
+    except PathNotAllowed as exc:
+        raise ValueError(f"checkpoint: {exc}") from None
+    config = dict(run.config or {})
+    config["model"] = {**(config.get("model") or {}), "name_or_path": str(model_dir)}
+    config["model"].pop("gguf_file", None)
+    if config.get("tokenizer", {}).get("name_or_path"):
+        config["tokenizer"] = {**config["tokenizer"], "name_or_path": None}  # the export has its own
+    train = dict(config.get("train") or {})
+    train.pop("output_dir", None)  # a new run writes a new directory
+    config["train"] = train
+    config["name"] = f"{run.name} from step {step}"[:200]
+    return config
+
+
+def register() -> None:
+    """Called from the runs app's ``ready()``."""
+    extensions.register_launch_source("checkpoint", launch_from_checkpoint)

@@ -1,0 +1,64 @@
+// Progress of the over-optimisation watch's jobs on the run page (webapp/runs/gold_jobs.py): while a
+// gold is being scored or a checkpoint exported, poll the run's jobs.json and update the rows; when a
+// job ends, reload the page so the panel shows the new gold (selected) or the export's links.
+(function () {
+  "use strict";
+  const table = document.getElementById("gold-jobs");
+  const panel = document.getElementById("overopt-panel");
+  if (!panel) return;
+  const url = (table && table.dataset.url) || panel.dataset.jobsUrl;
+  if (!url) return;
+  const ACTIVE = ["queued", "running"];
+
+  function shown() {
+    const out = {};
+    panel.querySelectorAll("#gold-jobs tr[data-job]").forEach(function (tr) {
+      out["g" + tr.dataset.job] = tr.querySelector(".job-status").textContent.trim();
+    });
+    panel.querySelectorAll("#overopt-checkpoints tr[data-step] td.export").forEach(function (td) {
+      out["s" + td.parentNode.dataset.step] = td.dataset.status || "";
+    });
+    return out;
+  }
+
+  function anyActive(statuses) {
+    return Object.values(statuses).some(function (s) { return ACTIVE.indexOf(s) >= 0; });
+  }
+
+  function poll() {
+    const before = shown();
+    if (!anyActive(before)) return;
+    fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (data) {
+        if (!data) { setTimeout(poll, 2000); return; }
+        let finishedGold = null;
+        let finishedExport = false;
+        data.jobs.forEach(function (j) {
+          if (j.kind === "gold-job") {
+            const tr = panel.querySelector('#gold-jobs tr[data-job="' + j.id + '"]');
+            if (!tr) return;
+            const was = before["g" + j.id];
+            tr.querySelector(".job-status").textContent = j.status;
+            tr.querySelector(".job-progress").textContent = j.done + " / " + j.total;
+            tr.querySelector(".job-error").textContent = j.error || "";
+            if (ACTIVE.indexOf(was) >= 0 && j.status === "succeeded") finishedGold = j.key;
+          } else {
+            const was = before["s" + j.step];
+            if (ACTIVE.indexOf(was) >= 0 && ACTIVE.indexOf(j.status) < 0) finishedExport = true;
+          }
+        });
+        if (finishedGold) {
+          const params = new URLSearchParams(window.location.search);
+          params.set("gold", finishedGold);
+          window.location.assign(window.location.pathname + "?" + params.toString() + "#overopt-panel");
+        } else if (finishedExport) {
+          window.location.reload();
+        } else {
+          setTimeout(poll, 1000);
+        }
+      })
+      .catch(function () { setTimeout(poll, 2000); });
+  }
+  setTimeout(poll, 500);
+})();
