@@ -472,3 +472,158 @@ def campaign_counts(qs: Iterable[Campaign]) -> list[dict[str, Any]]:
         }
         for c in camps
     ]
+
+
+# --------------------------------------------------------------------------------------------------
+# Campaigns over one run's checkpoints: the human gold of the over-optimisation watch (issue 28 §2)
+# --------------------------------------------------------------------------------------------------
+
+#: ``Campaign.source`` of a campaign whose systems are checkpoints of one run.
+CHECKPOINTS_SOURCE = "checkpoints"
+
+
+def checkpoint_system(run_id: int, step: int) -> str:
+    return f"ckpt:{run_id}:{step}"
+
+
+def checkpoint_step(system: str) -> int | None:
+    """The step of a ``ckpt:<run>:<step>`` system, else None."""
+    parts = system.split(":")
+    if len(parts) == 3 and parts[0] == "ckpt" and parts[2].isdigit():
+        return int(parts[2])
+    return None
+
+
+def checkpoint_generations(run: Run, split: str | None = None) -> dict[int, list[Sample]]:
+    """``{step: evaluation samples logged at that step}`` for each saved checkpoint of ``run`` that
+    has them: the checkpoint's generations are the evaluation made at the step it was saved
+    (``train.eval_every`` a multiple of ``train.save_every`` gives every checkpoint one)."""
+    from webapp.runs.models import Checkpoint
+
+    steps = sorted(set(Checkpoint.objects.filter(run=run).values_list("step", flat=True)))
+    qs = Sample.objects.filter(run=run, step__in=steps)
+    qs = qs.filter(split=split) if split else qs.exclude(split="train")
+    out: dict[int, list[Sample]] = defaultdict(list)
+    for s in qs.order_by("step", "id"):
+        out[int(s.step)].append(s)
+    return {step: out[step] for step in steps if out.get(step)}
+
+
+@transaction.atomic
+def create_campaign_from_checkpoints(
+    name: str,
+    run_id: int,
+    *,
+    steps: Sequence[int] | None = None,
+    user: Any = None,
+    split: str | None = None,
+    overlap: int = 3,
+    max_items: int | None = None,
+    instructions: str = "",
+    seed: int = 0,
+    assignment_mode: str = AssignmentMode.UNIFORM,
+) -> Campaign:
+    """A pairwise campaign whose systems are the run's checkpoints (``ckpt:<run>:<step>``): each item
+    pairs two checkpoints' generations for the same evaluation input, matched as
+    :func:`create_campaign_from_runs` matches runs (sample id, then prompt text). Its Bradley–Terry
+    ratings are the run's human gold (:func:`checkpoint_human_gold`)."""
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        raise AnnotationError(f"run: there is no run #{run_id}")
+    per_step = checkpoint_generations(run, split)
+    if steps is not None:
+        wanted = list(dict.fromkeys(int(s) for s in steps))
+        missing = [s for s in wanted if s not in per_step]
+        if missing:
+            raise AnnotationError(
+                f"steps: no checkpoint with evaluation generations at step(s) {missing}; "
+                f"available: {sorted(per_step) or 'none'}"
+            )
+        per_step = {s: per_step[s] for s in wanted}
+    if len(per_step) < 2:
+        raise AnnotationError(
+            f"run #{run.pk} has {len(per_step)} saved checkpoint(s) with evaluation generations at their "
+            "step; comparing checkpoints needs at least 2 (evaluate whenever a checkpoint is saved: "
+            "train.eval_every dividing train.save_every)"
+        )
+    check_systems_cap(len(per_step))
+    groups, report = match_samples(per_step)
+    if not groups:
+        raise AnnotationError("the checkpoints' evaluations share no prompts (by sample id or prompt text)")
+    rng = random.Random(seed)
+    if max_items and len(groups) > max_items:
+        report["sampled"] = max_items
+        picked = sorted(rng.sample(range(len(groups)), max_items))
+        groups = [groups[i] for i in picked]
+    order = list(per_step)
+    systems = [checkpoint_system(run.pk, s) for s in order]
+    step_of = dict(zip(systems, order))
+    pairs = system_pairs(systems, Pairing.ALL_PAIRS, "")
+    n_items = len(groups) * len(pairs)
+    if n_items > items_cap():
+        raise AnnotationError(
+            f"{len(groups)} inputs × {len(pairs)} pairs = {n_items} items, more than the limit of "
+            f"{items_cap()} per campaign; set 'max items' or choose fewer checkpoints"
+        )
+    report.update(run=run.pk, checkpoints=order)
+    camp = new_campaign(
+        name or f"{run.name}: checkpoints", CampaignKind.PAIRWISE, user, overlap=overlap,
+        pairing=Pairing.ALL_PAIRS, instructions=instructions, source=CHECKPOINTS_SOURCE, build_report=report,
+        assignment_mode=assignment_mode,
+    )  # fmt: skip
+    camp.systems = systems
+    camp.system_labels = {s: f"#{run.pk} step {step_of[s]}" for s in systems}
+    camp.save(update_fields=["systems", "system_labels"])
+    items = []
+    for key, members in groups:
+        first = members[order[0]]
+        common = {"campaign": camp, "key": key, "prompt": first.prompt, "references": first.references or []}
+        for sa, sb in pairs:
+            if rng.random() < 0.5:
+                sa, sb = sb, sa  # which checkpoint is stored as "A" is random too
+            a, b = members[step_of[sa]], members[step_of[sb]]
+            items.append(
+                Item(**common, system_a=sa, output_a=a.generation, metrics_a=_metrics_of(a), sample_a=a,
+                     system_b=sb, output_b=b.generation, metrics_b=_metrics_of(b), sample_b=b)
+            )  # fmt: skip
+    shuffle_and_store(items, rng)
+    return camp
+
+
+def checkpoint_campaigns(run_id: int) -> list[Campaign]:
+    return list(
+        Campaign.objects.filter(source=CHECKPOINTS_SOURCE, build_report__run=int(run_id)).order_by("id")
+    )
+
+
+def checkpoint_human_gold(run: Run) -> list[dict[str, Any]]:
+    """The run's human golds, one per campaign over its checkpoints that has judgments: each
+    checkpoint's Bradley–Terry rating (Elo scale; ``annotation.results.rank_systems``, the ranking
+    every results page shows) by step, with a sentence giving the intervals and the number of
+    judgments (``webapp.runs.extensions`` gold-source format)."""
+    from annotation.results import ranking  # results imports this module
+
+    out = []
+    for camp in checkpoint_campaigns(run.pk):
+        if not camp.judgments.exists():
+            continue
+        ranked = ranking(camp)
+        rows = [r for r in ranked["rows"] if checkpoint_step(r["system"]) is not None]
+        series = {checkpoint_step(r["system"]): r["rating"] for r in rows}
+        intervals = "; ".join(
+            f"step {checkpoint_step(r['system'])}: {r['rating']:.0f} ({r['low']:.0f}–{r['high']:.0f}), "
+            f"win rate {r['win_rate']:.2f}" if r["win_rate"] is not None else
+            f"step {checkpoint_step(r['system'])}: {r['rating']:.0f} ({r['low']:.0f}–{r['high']:.0f})"
+            for r in sorted(rows, key=lambda r: checkpoint_step(r["system"]) or 0)
+        )  # fmt: skip
+        note = (
+            f"Human gold: Bradley–Terry rating (Elo scale, 95% interval) of each checkpoint from "
+            f"{ranked['n']} human pairwise judgments in campaign #{camp.pk} “{camp.name}” — {intervals}."
+        )
+        if not ranked["enough_data"]:
+            note += " " + ranked["message"]
+        out.append(
+            {"key": f"human:{camp.pk}", "label": f"human: {camp.name} (campaign #{camp.pk})", "series": series,
+             "note": note, "campaign_id": camp.pk}
+        )  # fmt: skip
+    return out

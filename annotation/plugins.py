@@ -8,7 +8,8 @@ from __future__ import annotations
 from django.http import HttpRequest
 from django.template.loader import render_to_string
 
-from annotation import api
+from annotation import api, campaigns
+from annotation.checkpoint_views import checkpoints_panel
 from annotation.dpo import launch_config as dpo_launch_config
 from annotation.results import human_eval_for_run
 from annotation.reward_models import reward_choices
@@ -28,4 +29,7 @@ def register() -> None:
     extensions.register_reward_choices(reward_choices)
     extensions.register_run_panel("human-eval", human_eval_panel, order=50)
     extensions.register_launch_source("dpo_campaign", dpo_launch_config)
+    # the over-optimisation watch's human gold: campaigns over a run's checkpoints (issue 28 §2)
+    extensions.register_run_panel("checkpoints-human", checkpoints_panel, order=55)
+    extensions.register_gold_source("human-checkpoints", campaigns.checkpoint_human_gold)
     api_extensions.register_routes("campaigns", api.routes())

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from annotation import views
+from annotation import checkpoint_views, views
 
 app_name = "annotation"
 
@@ -28,4 +28,9 @@ urlpatterns = [
     path("reward-models/", views.reward_model_list, name="reward_models"),
     path("reward-models/<int:pk>.json", views.reward_model_json, name="reward_model_json"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),
+    path(
+        "runs/<int:run_id>/checkpoints-campaign/",
+        checkpoint_views.checkpoints_campaign,
+        name="checkpoints_campaign",
+    ),
 ]

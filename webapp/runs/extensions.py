@@ -94,3 +94,32 @@ def launch_source(request: HttpRequest) -> tuple[LaunchSource, str] | None:
         if value:
             return source, value
     return None
+
+
+# A gold of the over-optimisation watch that another app computes (webapp/runs/overopt_views.py):
+# e.g. the Bradley–Terry ratings of a human campaign over the run's checkpoints. A source returns, for
+# a run, ``[{"key": str, "label": str, "series": {step: value}, "note": str}]``: the panel offers each
+# key in its gold menu and draws the series like a logged gold.
+GoldSource = Callable[["Run"], list[dict[str, Any]]]
+_gold_sources: dict[str, GoldSource] = {}
+
+
+def register_gold_source(name: str, source: GoldSource) -> None:
+    """Add (or replace, by ``name``) a provider of golds for the over-optimisation panel."""
+    _gold_sources[name] = source
+
+
+def gold_sources(run: Run) -> list[dict[str, Any]]:
+    """Every source's golds for ``run``; a malformed one raises with the source's name."""
+    out: list[dict[str, Any]] = []
+    for name, source in sorted(_gold_sources.items()):
+        for gold in source(run):
+            if (
+                not isinstance(gold, dict)
+                or not isinstance(gold.get("key"), str)
+                or not isinstance(gold.get("label"), str)
+                or not isinstance(gold.get("series"), dict)
+            ):
+                raise TypeError(f"gold source {name} returned {gold!r}; expected key, label, series")
+            out.append({"note": "", **gold})
+    return out

@@ -191,7 +191,7 @@ def overopt_context(run: Run, request: HttpRequest | None) -> dict[str, Any] | N
     jobs = [gold_jobs.job_json(j) for j in gold_jobs.jobs_of(run)]
     ckpts = list(Checkpoint.objects.filter(run_id=run.pk).order_by("step"))
     has_evals = bool(gold_jobs.eval_steps(run.pk)) if not choices else True
-    sources = extensions_gold_sources(run)
+    sources = extensions.gold_sources(run)
     if not choices and not has_evals and not ckpts and not sources:
         return None
     gold_key, falls = _params(request, pick_default_gold(choices, jobs))
@@ -222,12 +222,6 @@ def overopt_context(run: Run, request: HttpRequest | None) -> dict[str, Any] | N
         for c in ckpts
     ]  # fmt: skip
     return ctx
-
-
-def extensions_gold_sources(run: Run) -> list[dict[str, Any]]:
-    """Golds other apps provide for this run (a human campaign over its checkpoints)."""
-    provider = getattr(extensions, "gold_sources", None)
-    return list(provider(run)) if callable(provider) else []
 
 
 # ------------------------------------------------------------------------------------ template tags
