@@ -295,6 +295,24 @@ def _finish(judge_id: int, task_id: str, status: str, **fields: Any) -> None:
     _mine(judge_id, task_id).update(status=status, finished_at=timezone.now(), eta_seconds=None, **fields)
 
 
+def _claim(judge_id: int, task_id: str | None) -> tuple[AIJudge, list[Item], dict[int, set[bool]]] | None:
+    """Queued → running in one conditional update (None when the job is not ours to run), then the
+    campaign's items and, per item, the sides already judged (``a_first`` values)."""
+    claim = AIJudge.objects.filter(pk=judge_id, status=AIJudgeStatus.QUEUED)
+    if task_id is not None:
+        claim = claim.filter(task_id=task_id)
+    items = list(Item.objects.filter(campaign__ai_judges__pk=judge_id, gold="").order_by("order", "id"))
+    if not claim.update(
+        status=AIJudgeStatus.RUNNING, started_at=timezone.now(), n_total=len(items), n_errors=0, error=""
+    ):
+        return None
+    judge = AIJudge.objects.select_related("campaign").get(pk=judge_id)
+    have: dict[int, set[bool]] = defaultdict(set)
+    for item_id, a_first in AIJudgment.objects.filter(judge=judge).values_list("item_id", "a_first"):
+        have[item_id].add(a_first)
+    return judge, items, have
+
+
 def run_judging(judge_id: int, task_id: str | None = None, backend: Any = None) -> AIJudge:
     """The worker's job: claim the queued judge, judge every item that lacks a pass, record progress.
 
@@ -307,20 +325,12 @@ def run_judging(judge_id: int, task_id: str | None = None, backend: Any = None) 
     error leaves the item without judgments (counted in ``n_errors``, retried by the next run);
     ``MAX_CONSECUTIVE_ERRORS`` in a row fail the job.
     """
-    claim = AIJudge.objects.filter(pk=judge_id, status=AIJudgeStatus.QUEUED)
-    if task_id is not None:
-        claim = claim.filter(task_id=task_id)
-    items = list(Item.objects.filter(campaign__ai_judges__pk=judge_id, gold="").order_by("order", "id"))
-    if not claim.update(
-        status=AIJudgeStatus.RUNNING, started_at=timezone.now(), n_total=len(items), n_errors=0, error=""
-    ):
+    claimed = _claim(judge_id, task_id)
+    if claimed is None:
         return AIJudge.objects.get(pk=judge_id)
-    judge = AIJudge.objects.select_related("campaign").get(pk=judge_id)
+    judge, items, have = claimed
     task = judge.task_id
     ours = AIJudge.objects.filter(pk=judge_id, task_id=task)
-    have: dict[int, set[bool]] = defaultdict(set)
-    for item_id, a_first in AIJudgment.objects.filter(judge=judge).values_list("item_id", "a_first"):
-        have[item_id].add(a_first)
     todo = [it for it in items if len(have[it.pk]) < 2]
     done = len(items) - len(todo)
     ours.update(n_done=done)

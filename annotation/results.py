@@ -118,115 +118,139 @@ def campaign_results(camp: Campaign, source: str = "human") -> dict[str, Any]:
     }
     ann_names = {r["annotator_id"]: r["annotator__username"] for r in rows}
     if camp.kind == CampaignKind.PAIRWISE:
-        comps = (
-            [] if source == "ai" else [(r["item__system_a"], r["item__system_b"], r["choice"]) for r in real]
+        ann_rows = _pairwise_results(camp, rows, real, source, ann_names, out)
+    else:
+        ann_rows = _likert_results(camp, rows, real, ann_names, out)
+    out["annotators"] = stats.annotator_stats(ann_rows)
+    return out
+
+
+def _pairwise_results(
+    camp: Campaign,
+    rows: list[dict[str, Any]],
+    real: list[dict[str, Any]],
+    source: str,
+    ann_names: dict[int, str],
+    out: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """A pairwise campaign's ranking, position bias, agreement and metric agreement, added to
+    ``out``; returns the per-annotator rows for ``annotator_stats``."""
+    comps = [] if source == "ai" else [(r["item__system_a"], r["item__system_b"], r["choice"]) for r in real]
+    if source != "human":
+        comps += [(v["system_a"], v["system_b"], v["choice"]) for v in ai_judges.ai_verdicts(camp)]
+    out["source"] = source
+    out["n_comparisons"] = len(comps)
+    out["ai_judges"] = ai_judges.judge_panel(camp)
+    ranked = rank_systems(camp, comps)
+    out["win_rates"] = ranked.pop("win_rates")
+    out["bradley_terry"] = ranked.pop("bradley_terry")
+    out["ranking"] = ranked
+    out["choice_counts"] = dict(Counter(r["choice"] for r in real))
+    # Position bias: how often the LEFT output won among decided judgments.
+    decided = [r for r in real if r["choice"] in ("a", "b")]
+    left_wins = sum(1 for r in decided if (r["choice"] == "a") == r["left_is_a"])
+    out["left_win_rate"] = left_wins / len(decided) if decided else None
+    labels_by_item: dict[int, list[str]] = defaultdict(list)
+    by_ann: dict[int, dict[int, str]] = defaultdict(dict)
+    for r in rows:
+        labels_by_item[r["item_id"]].append(r["choice"])
+        by_ann[r["annotator_id"]][r["item_id"]] = r["choice"]
+    multi = [v for v in labels_by_item.values() if len(v) >= 2]
+    out["agreement"] = {
+        "fleiss_kappa": stats.fleiss_kappa(stats.ratings_to_table(multi, list(Choice.values)))
+        if multi
+        else None,
+        "krippendorff_alpha": stats.krippendorff_alpha(multi, "nominal"),
+        "krippendorff_level": "nominal",
+        "cohen": [
+            {**c, "a": ann_names[c["a"]], "b": ann_names[c["b"]]}
+            for c in stats.pairwise_cohen(by_ann, min_common=2)
+        ],
+        "n_multi": len(multi),
+    }
+    ann_rows = [
+        {"annotator": r["annotator__username"], "item": r["item_id"], "label": r["choice"], "seconds": r["seconds"],
+         "gold": r["item__gold"] or None}
+        for r in rows
+    ]  # fmt: skip
+    # Metric–human agreement on items whose judgments have a majority a/b decision.
+    per_item: dict[int, dict[str, Any]] = {}
+    for r in real:
+        d = per_item.setdefault(
+            r["item_id"], {"labels": [], "ma": r["item__metrics_a"], "mb": r["item__metrics_b"]}
         )
-        if source != "human":
-            comps += [(v["system_a"], v["system_b"], v["choice"]) for v in ai_judges.ai_verdicts(camp)]
-        out["source"] = source
-        out["n_comparisons"] = len(comps)
-        out["ai_judges"] = ai_judges.judge_panel(camp)
-        ranked = rank_systems(camp, comps)
-        out["win_rates"] = ranked.pop("win_rates")
-        out["bradley_terry"] = ranked.pop("bradley_terry")
-        out["ranking"] = ranked
-        out["choice_counts"] = dict(Counter(r["choice"] for r in real))
-        # Position bias: how often the LEFT output won among decided judgments.
-        decided = [r for r in real if r["choice"] in ("a", "b")]
-        left_wins = sum(1 for r in decided if (r["choice"] == "a") == r["left_is_a"])
-        out["left_win_rate"] = left_wins / len(decided) if decided else None
-        labels_by_item: dict[int, list[str]] = defaultdict(list)
-        by_ann: dict[int, dict[int, str]] = defaultdict(dict)
+        d["labels"].append(r["choice"])
+    pairs = []
+    for d in per_item.values():
+        maj = stats.majority_label(d["labels"])
+        names = set(d["ma"] or {}) & set(d["mb"] or {})
+        pairs.append({"human": maj, "metrics": {n: (d["ma"][n], d["mb"][n]) for n in names}})
+    out["metric_agreement"] = stats.metric_human_agreement(pairs)
+    return ann_rows
+
+
+def _likert_results(
+    camp: Campaign,
+    rows: list[dict[str, Any]],
+    real: list[dict[str, Any]],
+    ann_names: dict[int, str],
+    out: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """A Likert campaign's means, per-axis agreement and metric agreement (systems compared per
+    prompt by their mean score), added to ``out``; returns the per-annotator rows."""
+    triples = []
+    for r in real:
+        for ax, v in (r["scores"] or {}).items():
+            triples.append((r["item__system_a"], ax, v))
+    out["likert"] = stats.likert_means(triples)
+    out["axes"] = [a["name"] for a in camp.axes]
+    agreement = {}
+    for ax in out["axes"]:
+        units: dict[int, list[int]] = defaultdict(list)
+        by_ann: dict[int, dict[int, int]] = defaultdict(dict)
         for r in rows:
-            labels_by_item[r["item_id"]].append(r["choice"])
-            by_ann[r["annotator_id"]][r["item_id"]] = r["choice"]
-        multi = [v for v in labels_by_item.values() if len(v) >= 2]
-        out["agreement"] = {
-            "fleiss_kappa": stats.fleiss_kappa(stats.ratings_to_table(multi, list(Choice.values)))
+            if ax in (r["scores"] or {}):
+                units[r["item_id"]].append(r["scores"][ax])
+                by_ann[r["annotator_id"]][r["item_id"]] = r["scores"][ax]
+        multi = [v for v in units.values() if len(v) >= 2]
+        agreement[ax] = {
+            "krippendorff_alpha": stats.krippendorff_alpha(multi, "ordinal", values=[1, 2, 3, 4, 5]),
+            "fleiss_kappa": stats.fleiss_kappa(stats.ratings_to_table(multi, [1, 2, 3, 4, 5]))
             if multi
             else None,
-            "krippendorff_alpha": stats.krippendorff_alpha(multi, "nominal"),
-            "krippendorff_level": "nominal",
             "cohen": [
-                {**c, "a": ann_names[c["a"]], "b": ann_names[c["b"]]}
-                for c in stats.pairwise_cohen(by_ann, min_common=2)
+                {**c, "a": ann_names[c["a"]], "b": ann_names[c["b"]]} for c in stats.pairwise_cohen(by_ann, 2)
             ],
             "n_multi": len(multi),
         }
-        ann_rows = [
-            {"annotator": r["annotator__username"], "item": r["item_id"], "label": r["choice"], "seconds": r["seconds"],
-             "gold": r["item__gold"] or None}
-            for r in rows
-        ]  # fmt: skip
-        # Metric–human agreement on items whose judgments have a majority a/b decision.
-        per_item: dict[int, dict[str, Any]] = {}
-        for r in real:
-            d = per_item.setdefault(
-                r["item_id"], {"labels": [], "ma": r["item__metrics_a"], "mb": r["item__metrics_b"]}
-            )
-            d["labels"].append(r["choice"])
-        pairs = []
-        for d in per_item.values():
-            maj = stats.majority_label(d["labels"])
-            names = set(d["ma"] or {}) & set(d["mb"] or {})
-            pairs.append({"human": maj, "metrics": {n: (d["ma"][n], d["mb"][n]) for n in names}})
-        out["metric_agreement"] = stats.metric_human_agreement(pairs)
-    else:
-        triples = []
-        for r in real:
-            for ax, v in (r["scores"] or {}).items():
-                triples.append((r["item__system_a"], ax, v))
-        out["likert"] = stats.likert_means(triples)
-        out["axes"] = [a["name"] for a in camp.axes]
-        agreement = {}
-        for ax in out["axes"]:
-            units: dict[int, list[int]] = defaultdict(list)
-            by_ann: dict[int, dict[int, int]] = defaultdict(dict)
-            for r in rows:
-                if ax in (r["scores"] or {}):
-                    units[r["item_id"]].append(r["scores"][ax])
-                    by_ann[r["annotator_id"]][r["item_id"]] = r["scores"][ax]
-            multi = [v for v in units.values() if len(v) >= 2]
-            agreement[ax] = {
-                "krippendorff_alpha": stats.krippendorff_alpha(multi, "ordinal", values=[1, 2, 3, 4, 5]),
-                "fleiss_kappa": stats.fleiss_kappa(stats.ratings_to_table(multi, [1, 2, 3, 4, 5]))
-                if multi
-                else None,
-                "cohen": [
-                    {**c, "a": ann_names[c["a"]], "b": ann_names[c["b"]]}
-                    for c in stats.pairwise_cohen(by_ann, 2)
-                ],
-                "n_multi": len(multi),
-            }
-        out["agreement"] = {"per_axis": agreement, "krippendorff_level": "ordinal"}
-        ann_rows = []
-        for r in rows:
-            sc = r["scores"] or {}
-            ann_rows.append(
-                {"annotator": r["annotator__username"], "item": r["item_id"],
-                 "label": tuple(sc.get(a) for a in out["axes"]), "seconds": r["seconds"], "gold": None}
-            )  # fmt: skip
-        # Metric–human agreement for Likert: pairs of systems on the same prompt, mean score per axis.
-        item_scores: dict[int, dict[str, Any]] = {}
-        for r in real:
-            d = item_scores.setdefault(
-                r["item_id"],
-                {"key": r["item__key"], "sys": r["item__system_a"], "m": r["item__metrics_a"], "s": []},
-            )
-            d["s"].append(sum((r["scores"] or {}).values()) / max(1, len(r["scores"] or {})))
-        by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for d in item_scores.values():
-            by_key[d["key"]].append(d)
-        pairs = []
-        for group in by_key.values():
-            for x, y in combinations(group, 2):
-                mx, my = sum(x["s"]) / len(x["s"]), sum(y["s"]) / len(y["s"])
-                human = "a" if mx > my else "b" if my > mx else None
-                names = set(x["m"] or {}) & set(y["m"] or {})
-                pairs.append({"human": human, "metrics": {n: (x["m"][n], y["m"][n]) for n in names}})
-        out["metric_agreement"] = stats.metric_human_agreement(pairs)
-    out["annotators"] = stats.annotator_stats(ann_rows)
-    return out
+    out["agreement"] = {"per_axis": agreement, "krippendorff_level": "ordinal"}
+    ann_rows = []
+    for r in rows:
+        sc = r["scores"] or {}
+        ann_rows.append(
+            {"annotator": r["annotator__username"], "item": r["item_id"],
+             "label": tuple(sc.get(a) for a in out["axes"]), "seconds": r["seconds"], "gold": None}
+        )  # fmt: skip
+    # Metric–human agreement for Likert: pairs of systems on the same prompt, mean score per axis.
+    item_scores: dict[int, dict[str, Any]] = {}
+    for r in real:
+        d = item_scores.setdefault(
+            r["item_id"],
+            {"key": r["item__key"], "sys": r["item__system_a"], "m": r["item__metrics_a"], "s": []},
+        )
+        d["s"].append(sum((r["scores"] or {}).values()) / max(1, len(r["scores"] or {})))
+    by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for d in item_scores.values():
+        by_key[d["key"]].append(d)
+    pairs = []
+    for group in by_key.values():
+        for x, y in combinations(group, 2):
+            mx, my = sum(x["s"]) / len(x["s"]), sum(y["s"]) / len(y["s"])
+            human = "a" if mx > my else "b" if my > mx else None
+            names = set(x["m"] or {}) & set(y["m"] or {})
+            pairs.append({"human": human, "metrics": {n: (x["m"][n], y["m"][n]) for n in names}})
+    out["metric_agreement"] = stats.metric_human_agreement(pairs)
+    return ann_rows
 
 
 def human_eval_for_run(run: Any) -> list[dict[str, Any]]:

@@ -71,7 +71,49 @@ def _system_ok(sys_id: Any, line: int, field: str) -> str:
     return sys_id
 
 
+def _outputs_from_list(outputs: list[Any], lineno: int) -> dict[str, str]:
+    """``[{system, text}, ...]`` as ``{system: text}``: the list form of a line's outputs."""
+    conv = {}
+    for j, o in enumerate(outputs):
+        if not isinstance(o, dict):
+            raise UploadError(
+                "each output must be an object with 'system' and 'text'", lineno, f"outputs[{j}]"
+            )
+        sys_id = _system_ok(o.get("system"), lineno, f"outputs[{j}].system")
+        text = o.get("text")
+        if not isinstance(text, str):
+            raise UploadError("must be a string", lineno, f"outputs[{j}].text")
+        if sys_id in conv:
+            raise UploadError(f"duplicate system id {sys_id!r}", lineno, f"outputs[{j}].system")
+        conv[sys_id] = text
+    return conv
+
+
+def _metrics_ok(metrics: Any, outputs: dict[str, str], lineno: int) -> dict[str, dict[str, float]]:
+    """``{system: {metric: number}}`` for systems the line has, names and numbers checked."""
+    if not isinstance(metrics, dict):
+        raise UploadError("must map system id -> {metric: number}", lineno, "metrics")
+    clean_metrics: dict[str, dict[str, float]] = {}
+    for sys_id, m in metrics.items():
+        if sys_id not in outputs:
+            raise UploadError(f"system {sys_id[:40]!r} has no output", lineno, f"metrics.{sys_id[:40]}")
+        if not isinstance(m, dict):
+            raise UploadError("must be an object of numbers", lineno, f"metrics.{sys_id}")
+        clean_metrics[sys_id] = {}
+        for name, v in m.items():
+            field = f"metrics.{sys_id}.{name[:40]}"
+            _text_ok(name, lineno, field)
+            if len(name) > MAX_SYSTEM_ID:
+                raise UploadError(
+                    f"metric name is {len(name)} characters (limit {MAX_SYSTEM_ID})", lineno, field
+                )
+            clean_metrics[sys_id][name] = _number_ok(v, lineno, field)
+    return clean_metrics
+
+
 def _parse_line(obj: Any, lineno: int, kind: str) -> dict[str, Any]:
+    """One upload line checked field by field (the error names the line and the field), as the dict
+    the import stores."""
     if not isinstance(obj, dict):
         raise UploadError("expected a JSON object", lineno)
     prompt = obj.get("prompt")
@@ -80,20 +122,7 @@ def _parse_line(obj: Any, lineno: int, kind: str) -> dict[str, Any]:
     _text_ok(prompt, lineno, "prompt")
     outputs = obj.get("outputs")
     if isinstance(outputs, list):
-        conv = {}
-        for j, o in enumerate(outputs):
-            if not isinstance(o, dict):
-                raise UploadError(
-                    "each output must be an object with 'system' and 'text'", lineno, f"outputs[{j}]"
-                )
-            sys_id = _system_ok(o.get("system"), lineno, f"outputs[{j}].system")
-            text = o.get("text")
-            if not isinstance(text, str):
-                raise UploadError("must be a string", lineno, f"outputs[{j}].text")
-            if sys_id in conv:
-                raise UploadError(f"duplicate system id {sys_id!r}", lineno, f"outputs[{j}].system")
-            conv[sys_id] = text
-        outputs = conv
+        outputs = _outputs_from_list(outputs, lineno)
     if not isinstance(outputs, dict):
         raise UploadError(
             "must map system id -> output text (or be a list of {system, text})", lineno, "outputs"
@@ -117,24 +146,7 @@ def _parse_line(obj: Any, lineno: int, kind: str) -> dict[str, Any]:
         raise UploadError("must be a list of strings", lineno, "references")
     for j, r in enumerate(refs):
         _text_ok(r, lineno, f"references[{j}]")
-    metrics = obj.get("metrics", {})
-    if not isinstance(metrics, dict):
-        raise UploadError("must map system id -> {metric: number}", lineno, "metrics")
-    clean_metrics: dict[str, dict[str, float]] = {}
-    for sys_id, m in metrics.items():
-        if sys_id not in outputs:
-            raise UploadError(f"system {sys_id[:40]!r} has no output", lineno, f"metrics.{sys_id[:40]}")
-        if not isinstance(m, dict):
-            raise UploadError("must be an object of numbers", lineno, f"metrics.{sys_id}")
-        clean_metrics[sys_id] = {}
-        for name, v in m.items():
-            field = f"metrics.{sys_id}.{name[:40]}"
-            _text_ok(name, lineno, field)
-            if len(name) > MAX_SYSTEM_ID:
-                raise UploadError(
-                    f"metric name is {len(name)} characters (limit {MAX_SYSTEM_ID})", lineno, field
-                )
-            clean_metrics[sys_id][name] = _number_ok(v, lineno, field)
+    clean_metrics = _metrics_ok(obj.get("metrics", {}), outputs, lineno)
     gold = obj.get("gold")
     if gold is not None:
         if kind != CampaignKind.PAIRWISE:

@@ -343,65 +343,68 @@ def _ai_judge_action(request: HttpRequest, camp: Campaign, action: str) -> None:
 
 
 @sensitive_post_parameters("ai_api_key")
+def _campaign_action(request: HttpRequest, camp: Campaign, action: str) -> None:
+    """One POSTed action of the campaign page (start, close, invites, members, settings, AI judges);
+    an ``AnnotationError`` becomes the page's error message."""
+    if action.endswith("_ai_judge"):
+        _ai_judge_action(request, camp, action)
+    elif action == "start":
+        campaigns.start_campaign(camp)
+        messages.success(request, "Campaign started: annotators can now judge items.")
+    elif action == "close":
+        campaigns.close_campaign(camp)
+        messages.success(request, "Campaign closed.")
+    elif action == "invite":
+        max_uses = _int(request.POST.get("max_uses"), 1)
+        days = _float(request.POST.get("days"))
+        inv = invites.create_invite(camp, request.user, max_uses=max_uses, days=days)
+        messages.success(
+            request,
+            f"Invite link created (single use unless you chose more, expires {inv.expires_at:%Y-%m-%d %H:%M} UTC): "
+            "copy it from the list below.",
+        )
+    elif action == "revoke_invite":
+        invites.revoke_invite(camp, _int(request.POST.get("invite_id")))
+        messages.success(request, "Invite link revoked: it no longer admits anyone.")
+    elif action == "add_member":
+        User = get_user_model()
+        user = User.objects.filter(username=request.POST.get("username", "").strip()).first()
+        if user is None:
+            raise AnnotationError("no user with that name")
+        if role_of(user) is None:
+            user.groups.add(invites.annotator_group())
+        invites.add_member(camp, user)
+        messages.success(request, f"{user.username} added.")
+    elif action == "remove_member":
+        camp.memberships.filter(user_id=_int(request.POST.get("user_id"))).delete()
+        messages.success(request, "Annotator removed (their judgments are kept).")
+    elif action == "settings":
+        kw: dict[str, Any] = {
+            "name": request.POST.get("name"),
+            "instructions": request.POST.get("instructions"),
+            "overlap": _int(request.POST.get("overlap")),
+            "assignment_mode": request.POST.get("assignment_mode"),
+        }
+        if camp.kind == CampaignKind.LIKERT and request.POST.get("axes", "").strip():
+            kw["axes"] = campaigns.parse_axes_text(request.POST["axes"])
+        if request.POST.get("examples", "").strip():
+            try:
+                ex = json.loads(request.POST["examples"])
+            except json.JSONDecodeError as exc:
+                raise AnnotationError(f"examples: invalid JSON ({exc.msg}, line {exc.lineno})") from None
+            if not isinstance(ex, list):
+                raise AnnotationError("examples: expected a JSON list")
+            kw["examples"] = ex
+        campaigns.update_settings(camp, **kw)
+        messages.success(request, "Settings saved.")
+
+
 @researcher_required
 def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
     camp = get_object_or_404(Campaign, pk=pk)
     if request.method == "POST":
-        action = request.POST.get("action", "")
         try:
-            if action.endswith("_ai_judge"):
-                _ai_judge_action(request, camp, action)
-            elif action == "start":
-                campaigns.start_campaign(camp)
-                messages.success(request, "Campaign started: annotators can now judge items.")
-            elif action == "close":
-                campaigns.close_campaign(camp)
-                messages.success(request, "Campaign closed.")
-            elif action == "invite":
-                max_uses = _int(request.POST.get("max_uses"), 1)
-                days = _float(request.POST.get("days"))
-                inv = invites.create_invite(camp, request.user, max_uses=max_uses, days=days)
-                messages.success(
-                    request,
-                    f"Invite link created (single use unless you chose more, expires {inv.expires_at:%Y-%m-%d %H:%M} UTC): "
-                    "copy it from the list below.",
-                )
-            elif action == "revoke_invite":
-                invites.revoke_invite(camp, _int(request.POST.get("invite_id")))
-                messages.success(request, "Invite link revoked: it no longer admits anyone.")
-            elif action == "add_member":
-                User = get_user_model()
-                user = User.objects.filter(username=request.POST.get("username", "").strip()).first()
-                if user is None:
-                    raise AnnotationError("no user with that name")
-                if role_of(user) is None:
-                    user.groups.add(invites.annotator_group())
-                invites.add_member(camp, user)
-                messages.success(request, f"{user.username} added.")
-            elif action == "remove_member":
-                camp.memberships.filter(user_id=_int(request.POST.get("user_id"))).delete()
-                messages.success(request, "Annotator removed (their judgments are kept).")
-            elif action == "settings":
-                kw: dict[str, Any] = {
-                    "name": request.POST.get("name"),
-                    "instructions": request.POST.get("instructions"),
-                    "overlap": _int(request.POST.get("overlap")),
-                    "assignment_mode": request.POST.get("assignment_mode"),
-                }
-                if camp.kind == CampaignKind.LIKERT and request.POST.get("axes", "").strip():
-                    kw["axes"] = campaigns.parse_axes_text(request.POST["axes"])
-                if request.POST.get("examples", "").strip():
-                    try:
-                        ex = json.loads(request.POST["examples"])
-                    except json.JSONDecodeError as exc:
-                        raise AnnotationError(
-                            f"examples: invalid JSON ({exc.msg}, line {exc.lineno})"
-                        ) from None
-                    if not isinstance(ex, list):
-                        raise AnnotationError("examples: expected a JSON list")
-                    kw["examples"] = ex
-                campaigns.update_settings(camp, **kw)
-                messages.success(request, "Settings saved.")
+            _campaign_action(request, camp, request.POST.get("action", ""))
         except AnnotationError as exc:
             messages.error(request, str(exc))
         return redirect("annotation:campaign_detail", pk=camp.pk)

@@ -231,6 +231,17 @@ class EmbeddedPostgres:
                     sql.Identifier(DB_NAME), sql.Identifier(APP_ROLE)
                 )
             )
+        self._own_schema(socket_dir, port)
+        if self.tcp:
+            passwords["postgres"] = su_password
+        return passwords
+
+    def _own_schema(self, socket_dir: str, port: int) -> None:
+        """Inside the database: the owner role owns the schema and every table (also those an older
+        ``up`` made as the superuser); the app role may read and write rows, never change the schema."""
+        import psycopg
+        from psycopg import sql
+
         owner, app = sql.Identifier(OWNER_ROLE), sql.Identifier(APP_ROLE)
         with psycopg.connect(
             host=socket_dir, port=port, user="postgres", dbname=DB_NAME, autocommit=True
@@ -272,9 +283,6 @@ class EmbeddedPostgres:
                     "ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA public GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {}"
                 ).format(owner, app)
             )
-        if self.tcp:
-            passwords["postgres"] = su_password
-        return passwords
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT to the postmaster), which is what ``pg_ctl -m fast stop`` sends;

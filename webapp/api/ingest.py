@@ -164,18 +164,7 @@ def feed(rec: EventBatch, events: Any) -> int:
             )
         rec.at(_time(ev.get("time"), f"{where}.time"))
         if kind == "metrics":
-            values = ev.get("values")
-            if not isinstance(values, dict):
-                raise ApiError(400, "must be an object {key: number}", f"{where}.values")
-            clean = {}
-            for k, v in values.items():
-                if not k or len(k) > 200:
-                    raise ApiError(400, "metric keys are 1 to 200 characters", f"{where}.values")
-                clean[k] = _number(v, f"{where}.values.{k}")
-            points += len(clean)
-            if points > MAX_POINTS:
-                raise ApiError(413, f"at most {MAX_POINTS} metric points per batch", f"{where}.values")
-            rec.build.metrics(_int(ev.get("step"), f"{where}.step"), clean)
+            points = _feed_metrics(rec, ev, where, points)
         elif kind == "progress":
             eta = _number(ev.get("eta_seconds"), f"{where}.eta_seconds")
             rec.build.progress(
@@ -185,23 +174,7 @@ def feed(rec: EventBatch, events: Any) -> int:
                 _str(ev.get("phase", "rl"), f"{where}.phase", max_len=32),
             )
         elif kind == "samples":
-            rows = ev.get("rows")
-            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-                raise ApiError(400, "must be a list of objects", f"{where}.rows")
-            if len(rows) > MAX_SAMPLE_ROWS:
-                raise ApiError(413, f"at most {MAX_SAMPLE_ROWS} samples per event", f"{where}.rows")
-            for j, r in enumerate(rows):
-                for name in ("prompt", "generation"):
-                    _str(r.get(name, ""), f"{where}.rows[{j}].{name}", max_len=100_000)
-            append = ev.get("append", False)
-            if not isinstance(append, bool):
-                raise ApiError(400, "must be true or false", f"{where}.append")
-            rec.build.samples(
-                _int(ev.get("step"), f"{where}.step"),
-                _str(ev.get("split", "train"), f"{where}.split", max_len=32),
-                rows,
-                append=append,
-            )
+            _feed_samples(rec, ev, where)
         elif kind == "checkpoint":
             rec.build.checkpoint(
                 _int(ev.get("step"), f"{where}.step"), _str(ev.get("path"), f"{where}.path", max_len=1000)
@@ -227,6 +200,45 @@ def feed(rec: EventBatch, events: Any) -> int:
                 _str(ev.get("traceback", ""), f"{where}.traceback", max_len=200_000),
             )
     return points
+
+
+def _feed_metrics(rec: EventBatch, ev: dict[str, Any], where: str, points: int) -> int:
+    """One ``metrics`` event: keys 1–200 characters, finite-or-null numbers; returns the batch's point
+    count so far (capped at ``MAX_POINTS``)."""
+    values = ev.get("values")
+    if not isinstance(values, dict):
+        raise ApiError(400, "must be an object {key: number}", f"{where}.values")
+    clean = {}
+    for k, v in values.items():
+        if not k or len(k) > 200:
+            raise ApiError(400, "metric keys are 1 to 200 characters", f"{where}.values")
+        clean[k] = _number(v, f"{where}.values.{k}")
+    points += len(clean)
+    if points > MAX_POINTS:
+        raise ApiError(413, f"at most {MAX_POINTS} metric points per batch", f"{where}.values")
+    rec.build.metrics(_int(ev.get("step"), f"{where}.step"), clean)
+    return points
+
+
+def _feed_samples(rec: EventBatch, ev: dict[str, Any], where: str) -> None:
+    """One ``samples`` event: a bounded list of objects whose prompt and generation are strings."""
+    rows = ev.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ApiError(400, "must be a list of objects", f"{where}.rows")
+    if len(rows) > MAX_SAMPLE_ROWS:
+        raise ApiError(413, f"at most {MAX_SAMPLE_ROWS} samples per event", f"{where}.rows")
+    for j, r in enumerate(rows):
+        for name in ("prompt", "generation"):
+            _str(r.get(name, ""), f"{where}.rows[{j}].{name}", max_len=100_000)
+    append = ev.get("append", False)
+    if not isinstance(append, bool):
+        raise ApiError(400, "must be true or false", f"{where}.append")
+    rec.build.samples(
+        _int(ev.get("step"), f"{where}.step"),
+        _str(ev.get("split", "train"), f"{where}.split", max_len=32),
+        rows,
+        append=append,
+    )
 
 
 def store_batch(run_id: int, batch_id: str, events: Any, host: str) -> BatchResult:

@@ -90,7 +90,10 @@ EVENT = {
 
 def schema() -> dict[str, Any]:
     """The OpenAPI document (a fresh dict each call), with the endpoints other apps registered
-    (``webapp.api.extensions``: the annotation app's campaigns)."""
+    (``webapp.api.extensions``: the annotation app's campaigns).
+
+    Long because: it is one literal document, read top to bottom like the spec it emits; cutting it
+    into functions would only scatter the paths a reader compares with docs/api.md."""
     bearer = [{"token": []}, {"session": []}]
     doc = {
         "openapi": "3.1.0",

@@ -395,33 +395,7 @@ def insert_point_groups(run_id: int, groups: PointGroups) -> tuple[dict[str, Seq
         _lock_run(cur, run_id)
         cur.execute(_STORED_TAIL_SQL, [run_id, keys])
         tail = dict(cur.fetchall())
-        steps_np: dict[str, np.ndarray] = {}
-        slow = []
-        for k in keys:
-            st = groups[k][0]
-            arr = steps_np[k] = np.array(st, dtype=np.int64)
-            last = tail.get(k)
-            if not ((last is None or st[0] > last) and (len(st) == 1 or bool((arr[1:] > arr[:-1]).all()))):
-                slow.append(k)
-        stored_groups = dict(groups)
-        if slow:
-            cur.execute(
-                _STORED_STEPS_SQL,
-                [slow, [min(groups[k][0]) for k in slow], [max(groups[k][0]) for k in slow], run_id],
-            )
-            stored: dict[str, set[int]] = {k: set() for k in slow}
-            for k, step in cur.fetchall():
-                stored[k].add(step)
-            for k in slow:
-                st, vs, ts = groups[k]
-                seen = stored[k]
-                keep: dict[int, tuple[float | None, datetime]] = {}
-                for s, v, t in zip(st, vs, ts, strict=True):
-                    if s not in seen and s not in keep:
-                        keep[s] = (v, t)
-                order = sorted(keep)
-                stored_groups[k] = (order, [keep[s][0] for s in order], [keep[s][1] for s in order])
-                steps_np[k] = np.array(order, dtype=np.int64)
+        stored_groups, steps_np, slow = _new_points(cur, run_id, groups, keys, tail)
         # One chunk per CHUNK_POINTS points of a key; ids reserved in one statement.
         chunks: list[tuple[str, int, int]] = []  # (key, start, end) into the key's lists
         for k in keys:
@@ -464,6 +438,57 @@ def insert_point_groups(run_id: int, groups: PointGroups) -> tuple[dict[str, Seq
             run_id,
             *_rollup_levels(keyed, [ROLLUP_ALL_MERGED if k in slow else tail.get(k) for k in keys]),
         )
+    return _point_ids(keys, slow, by_key, groups, stored_groups)
+
+
+def _new_points(
+    cur: Any, run_id: int, groups: PointGroups, keys: list[str], tail: dict[str, int]
+) -> tuple[PointGroups, dict[str, np.ndarray], list[str]]:
+    """The points of ``groups`` to store, their steps as arrays, and the keys that took the slow path.
+
+    Fast path: a key's steps strictly increase and start above its stored tail, so all are new.
+    Otherwise the first occurrence of a step in the batch wins, steps the run already has (read from
+    the chunks overlapping the batch's step range) are dropped, and the rest is sorted by step."""
+    steps_np: dict[str, np.ndarray] = {}
+    slow = []
+    for k in keys:
+        st = groups[k][0]
+        arr = steps_np[k] = np.array(st, dtype=np.int64)
+        last = tail.get(k)
+        if not ((last is None or st[0] > last) and (len(st) == 1 or bool((arr[1:] > arr[:-1]).all()))):
+            slow.append(k)
+    stored_groups = dict(groups)
+    if not slow:
+        return stored_groups, steps_np, slow
+    cur.execute(
+        _STORED_STEPS_SQL,
+        [slow, [min(groups[k][0]) for k in slow], [max(groups[k][0]) for k in slow], run_id],
+    )
+    stored: dict[str, set[int]] = {k: set() for k in slow}
+    for k, step in cur.fetchall():
+        stored[k].add(step)
+    for k in slow:
+        st, vs, ts = groups[k]
+        seen = stored[k]
+        keep: dict[int, tuple[float | None, datetime]] = {}
+        for s, v, t in zip(st, vs, ts, strict=True):
+            if s not in seen and s not in keep:
+                keep[s] = (v, t)
+        order = sorted(keep)
+        stored_groups[k] = (order, [keep[s][0] for s in order], [keep[s][1] for s in order])
+        steps_np[k] = np.array(order, dtype=np.int64)
+    return stored_groups, steps_np, slow
+
+
+def _point_ids(
+    keys: list[str],
+    slow: list[str],
+    by_key: dict[str, list[tuple[int, int, int]]],
+    groups: PointGroups,
+    stored_groups: PointGroups,
+) -> tuple[dict[str, Sequence[int | None]], int]:
+    """Each emitted point's id (``chunk id << CHUNK_SHIFT | position``), None where it was not
+    stored, and the number stored: slow-path keys map back to the emitted order."""
     ids: dict[str, Sequence[int | None]] = {}
     stored_n = 0
     for k in keys:
@@ -472,7 +497,7 @@ def insert_point_groups(run_id: int, groups: PointGroups) -> tuple[dict[str, Seq
         stored_n += len(new_ids)
         if k not in slow:
             ids[k] = new_ids
-        else:  # map back to the emitted order: the first occurrence of a new step gets its id
+        else:  # the first occurrence of a new step gets its id
             by_step = dict(zip(stored_groups[k][0], new_ids, strict=True))
             ids[k] = [by_step.pop(s, None) for s in groups[k][0]]
     return ids, stored_n

@@ -316,32 +316,10 @@ def metric_series(
                 downsampled = True
                 pts = sorted(chosen.items())
         elif lo is not None and hi - lo + 1 > max_points:
-            nb = max(1, (max_points - 2) // 2)
-            width = -(-(hi - lo + 1) // nb)  # ceil: integer bucket width in steps
-            ok = "value IS NOT NULL AND value <> 'NaN'::float8"
-            cur.execute(
-                f"""
-                SELECT count(*), min(ARRAY[value, step::float8]) FILTER (WHERE {ok}),
-                       max(ARRAY[value, step::float8]) FILTER (WHERE {ok})
-                FROM {src} GROUP BY (step - %s) / %s
-                """,
-                [*args, lo, width],
-            )
-            rows = cur.fetchall()
-            total = sum(r[0] for r in rows)
+            whole = x0 is None and x1 is None  # then lo and hi are the series' ends
+            total, chosen = _bucket_extremes(cur, src, args, run_id, key, lo, hi, max_points, whole)
             if total > max_points:
                 downsampled = True
-                chosen: dict[int, float | None] = {}
-                for _n, mn, mx in rows:
-                    for pair in (mn, mx):
-                        if pair is not None:
-                            chosen[int(pair[1])] = pair[0]
-                whole = x0 is None and x1 is None  # then lo and hi are the series' ends
-                ends = (
-                    _end_points(cur, run_id, key, lo, hi) if whole else _points_at(cur, run_id, key, [lo, hi])
-                )
-                for step, value in ends:
-                    chosen[step] = value
                 pts = sorted(chosen.items())
         if lo is not None and not downsampled:
             cur.execute(f"SELECT step, value FROM {src} ORDER BY step", args)
@@ -359,6 +337,46 @@ def metric_series(
     }
     _cache_set(ck, result)
     return result
+
+
+def _bucket_extremes(
+    cur: Any,
+    src: str,
+    args: list[Any],
+    run_id: int,
+    key: str,
+    lo: int,
+    hi: int,
+    max_points: int,
+    whole: bool,
+) -> tuple[int, dict[int, float | None]]:
+    """The number of points in ``[lo, hi]`` and, per equal step bucket, the points holding its
+    minimum and maximum plus the range's two ends (``{step: value}``): spikes survive downsampling.
+    ``whole``: the range is the whole series, whose ends the chunks know without a scan."""
+    nb = max(1, (max_points - 2) // 2)
+    width = -(-(hi - lo + 1) // nb)  # ceil: integer bucket width in steps
+    ok = "value IS NOT NULL AND value <> 'NaN'::float8"
+    cur.execute(
+        f"""
+        SELECT count(*), min(ARRAY[value, step::float8]) FILTER (WHERE {ok}),
+               max(ARRAY[value, step::float8]) FILTER (WHERE {ok})
+        FROM {src} GROUP BY (step - %s) / %s
+        """,
+        [*args, lo, width],
+    )
+    rows = cur.fetchall()
+    total = sum(r[0] for r in rows)
+    chosen: dict[int, float | None] = {}
+    if total <= max_points:
+        return total, chosen
+    for _n, mn, mx in rows:
+        for pair in (mn, mx):
+            if pair is not None:
+                chosen[int(pair[1])] = pair[0]
+    ends = _end_points(cur, run_id, key, lo, hi) if whole else _points_at(cur, run_id, key, [lo, hi])
+    for step, value in ends:
+        chosen[step] = value
+    return total, chosen
 
 
 def _from_rollup(

@@ -132,56 +132,14 @@ class Command(BaseCommand):
             if services.least_privilege:
                 services.write_state()
                 self.say("database: migrations as role grue_owner, the app as role grue_app (no DDL rights)")
-            env = dict(os.environ)
-            env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-            env.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-            env["GRUE_DATA_DIR"] = str(data_dir)
-            env["DEBUG"] = "1" if debug else "0"
-            if debug:
-                self.say("DEBUG is on (development only)")
-            migrate_env = dict(env)
-            if env.get("GRUE_MIGRATE_DATABASE_URL"):
-                migrate_env["DATABASE_URL"] = env["GRUE_MIGRATE_DATABASE_URL"]
+            env = self._child_env(data_dir, debug)
+            self._prepare_database(env)
             py = sys.executable
-            self._run([py, "manage.py", "migrate", "--noinput", "-v", "0"], migrate_env, "migrations")
-            self._run([py, "manage.py", "grue_admin"], env, "admin account", echo=True)
-            self._run([py, "manage.py", "load_reference_runs"], env, "reference runs", echo=True)
             logs = ensure_private_dir(data_dir / "logs")
             self.logs = logs
             if not opts["no_worker"]:
                 self._add_gpu_workers(opts, logs)
-                # With dedicated GPU workers the others stay on the CPU queue (no GPU detection).
-                cpu_env = {"GRUE_WORKER_DEVICES": "cpu"} if opts["gpu_workers"] > 0 else None
-                n_cpu = max(0 if opts["gpu_workers"] > 0 else 1, opts["workers"])
-                for i in range(n_cpu):
-                    name = f"grue{i + 1}@{socket.gethostname()}"
-                    cmd = [
-                        py,
-                        "-m",
-                        "celery",
-                        "-A",
-                        "webapp",
-                        "worker",
-                        "--pool=solo",
-                        "--concurrency=1",
-                        "-Q",
-                        settings.CELERY_TASK_DEFAULT_QUEUE,
-                        "-n",
-                        name,
-                        # Not used here (workers coordinate through the database and the broker), and
-                        # their shutdown held a stopping worker for seconds after its run had stopped.
-                        "--without-gossip",
-                        "--without-mingle",
-                        "--loglevel=INFO",
-                    ]
-                    self.children.append(
-                        Child(
-                            f"worker {name}",
-                            cmd,
-                            logs / f"worker{i + 1}.log",
-                            env=cpu_env,
-                        )
-                    )
+                self._add_cpu_workers(opts, logs)
             self.children.append(
                 Child("run watchdog", [py, "manage.py", "watch_runs"], logs / "watchdog.log"),
             )
@@ -202,6 +160,65 @@ class Command(BaseCommand):
             self._stop_all()
             services.stop()
             self.say("stopped")
+
+    def _child_env(self, data_dir: Path, debug: bool) -> dict[str, str]:
+        """The environment every child process gets: this checkout importable, the data directory,
+        DEBUG stated explicitly (never inherited by accident)."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+        env["GRUE_DATA_DIR"] = str(data_dir)
+        env["DEBUG"] = "1" if debug else "0"
+        if debug:
+            self.say("DEBUG is on (development only)")
+        return env
+
+    def _prepare_database(self, env: dict[str, str]) -> None:
+        """Migrations (as the owner role when least privilege is on), the admin account and the
+        reference runs, each a child process that must succeed before anything serves."""
+        migrate_env = dict(env)
+        if env.get("GRUE_MIGRATE_DATABASE_URL"):
+            migrate_env["DATABASE_URL"] = env["GRUE_MIGRATE_DATABASE_URL"]
+        py = sys.executable
+        self._run([py, "manage.py", "migrate", "--noinput", "-v", "0"], migrate_env, "migrations")
+        self._run([py, "manage.py", "grue_admin"], env, "admin account", echo=True)
+        self._run([py, "manage.py", "load_reference_runs"], env, "reference runs", echo=True)
+
+    def _add_cpu_workers(self, opts: dict[str, Any], logs: Path) -> None:
+        """The Celery workers of the default (CPU) queue, one run each (solo pool)."""
+        py = sys.executable
+        # With dedicated GPU workers the others stay on the CPU queue (no GPU detection).
+        cpu_env = {"GRUE_WORKER_DEVICES": "cpu"} if opts["gpu_workers"] > 0 else None
+        n_cpu = max(0 if opts["gpu_workers"] > 0 else 1, opts["workers"])
+        for i in range(n_cpu):
+            name = f"grue{i + 1}@{socket.gethostname()}"
+            cmd = [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "webapp",
+                "worker",
+                "--pool=solo",
+                "--concurrency=1",
+                "-Q",
+                settings.CELERY_TASK_DEFAULT_QUEUE,
+                "-n",
+                name,
+                # Not used here (workers coordinate through the database and the broker), and
+                # their shutdown held a stopping worker for seconds after its run had stopped.
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel=INFO",
+            ]
+            self.children.append(
+                Child(
+                    f"worker {name}",
+                    cmd,
+                    logs / f"worker{i + 1}.log",
+                    env=cpu_env,
+                )
+            )
 
     # ------------------------------------------------------------------ supervision
 
