@@ -325,13 +325,24 @@ def cmd_components(args: argparse.Namespace) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
+    """The ``python -m engine`` parser: one sub-command per ``_add_*`` function below."""
     p = argparse.ArgumentParser(
         prog="python -m engine", description="GRUE Studio engine: RL fine-tuning of LMs."
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    _add_sweep(sub)
+    _add_study(sub)
+    _add_push(sub)
+    _add_eval(sub)
+    _add_tools(sub)
+    return p
 
-    t = sub.add_parser("train", help="train a model (SFT and/or PPO/NLPO)")
+
+def _add_train(sub: Any) -> None:
+    """``train``: a config file, overrides and presets; optionally streamed to a dashboard."""
+    t = sub.add_parser("train", help="train a model: supervised and/or RL (algorithms: see `components`)")
     t.add_argument("config", nargs="?", help="YAML config (GRUE Studio or RL4LMs format)")
     t.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.n_iters=5"
@@ -351,6 +362,9 @@ def make_parser() -> argparse.ArgumentParser:
     )
     t.set_defaults(func=cmd_train)
 
+
+def _add_sweep(sub: Any) -> None:
+    """``sweep``: a grid or random search over config paths."""
     sw = sub.add_parser("sweep", help="grid or random search over config paths (engine/sweep.py)")
     sw.add_argument("sweep_file", metavar="SWEEP.yaml")
     sw.add_argument("--processes", type=int, default=1, help="runs trained at once (default 1)")
@@ -358,6 +372,9 @@ def make_parser() -> argparse.ArgumentParser:
     sw.add_argument("--dry-run", action="store_true", help="list the runs and their values, train nothing")
     sw.set_defaults(func=cmd_sweep)
 
+
+def _add_study(sub: Any) -> None:
+    """``study``: run, report, export or check a reproduction study."""
     st = sub.add_parser(
         "study",
         help="reproduction studies: run a grid (resumable), report it, export reference runs (engine/study.py)",
@@ -383,12 +400,18 @@ def make_parser() -> argparse.ArgumentParser:
     st.add_argument("--docs", help="report: also fill the results section of this markdown file")
     st.set_defaults(func=cmd_study)
 
+
+def _add_push(sub: Any) -> None:
+    """``push``: deliver a streamed run's outbox."""
     pu = sub.add_parser("push", help="send a streamed run's undelivered batches (its remote/ outbox)")
     pu.add_argument("run_dir", metavar="RUN_DIR")
     pu.add_argument("--report-to", metavar="URL", help="dashboard URL (env GRUE_URL)")
     pu.add_argument("--token", help="API token (prefer env GRUE_TOKEN, which wins over this option)")
     pu.set_defaults(func=cmd_push)
 
+
+def _add_eval(sub: Any) -> None:
+    """``eval``: generate on a split and compute the config's metrics."""
     e = sub.add_parser("eval", help="generate on a split and compute the config's metrics")
     e.add_argument("config", nargs="?", help="YAML config")
     e.add_argument("--run", metavar="RUN_DIR", help="evaluate a finished run (its config and model/)")
@@ -400,6 +423,9 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--preset", metavar="NAME")
     e.set_defaults(func=cmd_eval)
 
+
+def _add_tools(sub: Any) -> None:
+    """``schema``, ``import-gguf``, ``presets``, ``components``: the small helpers."""
     s = sub.add_parser("schema", help="print the config JSON Schema")
     s.add_argument("--markdown", action="store_true", help="print the field reference table instead")
     s.set_defaults(func=cmd_schema)
@@ -419,7 +445,6 @@ def make_parser() -> argparse.ArgumentParser:
         "components", help="list registered tasks, rewards, metrics, algorithms, KL controllers"
     )
     c.set_defaults(func=cmd_components)
-    return p
 
 
 def _friendly(exc: BaseException) -> str | None:

@@ -194,6 +194,15 @@ def _scores(model, tok, texts: list[str], max_length: int, device: str):
     return model(**enc).logits.squeeze(-1)
 
 
+def _pair_scores(
+    model, tok, batch: Sequence[PreferencePair], include_prompt: bool, max_length: int, device: str
+):
+    """(scores of the chosen texts, scores of the rejected texts) of a batch of pairs."""
+    rc = _scores(model, tok, [_text(p.prompt, p.chosen, include_prompt) for p in batch], max_length, device)
+    rr = _scores(model, tok, [_text(p.prompt, p.rejected, include_prompt) for p in batch], max_length, device)
+    return rc, rr
+
+
 def pairwise_accuracy(
     model,
     tok,
@@ -212,13 +221,7 @@ def pairwise_accuracy(
     correct = 0.0
     with torch.no_grad():
         for i in range(0, len(pairs), batch_size):
-            batch = pairs[i : i + batch_size]
-            rc = _scores(
-                model, tok, [_text(p.prompt, p.chosen, include_prompt) for p in batch], max_length, device
-            )
-            rr = _scores(
-                model, tok, [_text(p.prompt, p.rejected, include_prompt) for p in batch], max_length, device
-            )
+            rc, rr = _pair_scores(model, tok, pairs[i : i + batch_size], include_prompt, max_length, device)
             correct += float((rc > rr).sum()) + 0.5 * float((rc == rr).sum())
     return correct / len(pairs)
 
@@ -245,7 +248,6 @@ def train_reward_model(
     optimizer step; ``should_stop()`` ends training early (the model so far is still saved).
     """
     import torch
-    import torch.nn.functional as F
 
     if len(pairs) < 2:
         raise PairsError(f"need at least 2 preference pairs to train a reward model, got {len(pairs)}")
@@ -257,45 +259,10 @@ def train_reward_model(
     backbone_path = resolve_backbone(backbone)
     tok, model = _load_backbone(backbone_path)
     model.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate)
-    steps_per_epoch = math.ceil(len(train) / batch_size)
-    total = max(1, int(math.ceil(epochs * steps_per_epoch)))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, total // 10)) * max(0.0, 1 - s / total)
+    text = _TextSettings(include_prompt, max_length, device)
+    step, last_loss, stopped = _fit(
+        model, tok, train, text, epochs, learning_rate, batch_size, rng, progress, should_stop
     )
-    step = 0
-    last_loss = None
-    stopped = False
-    while step < total:
-        idx = list(range(len(train)))
-        rng.shuffle(idx)
-        for b in range(0, len(idx), batch_size):
-            if step >= total:
-                break
-            if should_stop is not None and should_stop():
-                stopped = True
-                break
-            model.train()
-            batch = [train[i] for i in idx[b : b + batch_size]]
-            rc = _scores(
-                model, tok, [_text(p.prompt, p.chosen, include_prompt) for p in batch], max_length, device
-            )
-            rr = _scores(
-                model, tok, [_text(p.prompt, p.rejected, include_prompt) for p in batch], max_length, device
-            )
-            loss = -F.logsigmoid(rc - rr).mean()
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            step += 1
-            last_loss = float(loss.detach())
-            if progress is not None:
-                progress(step, total, {"loss": last_loss, "batch_accuracy": float((rc > rr).float().mean())})
-        if stopped:
-            break
-
     held_acc = pairwise_accuracy(model, tok, held, include_prompt, max_length, device=device)
     train_acc = pairwise_accuracy(model, tok, train[:64], include_prompt, max_length, device=device)
     out = Path(out_dir)
@@ -323,6 +290,64 @@ def train_reward_model(
     }
     (out / METADATA_FILE).write_text(json.dumps(meta, indent=2))
     return result
+
+
+@dataclass(frozen=True)
+class _TextSettings:
+    """How pairs become model inputs: with or without the prompt, truncated to ``max_length``, on ``device``."""
+
+    include_prompt: bool
+    max_length: int
+    device: str
+
+
+def _fit(
+    model: Any,
+    tok: Any,
+    train: Sequence[PreferencePair],
+    text: _TextSettings,
+    epochs: float,
+    learning_rate: float,
+    batch_size: int,
+    rng: random.Random,
+    progress: Callable[[int, int, dict[str, Any]], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> tuple[int, float | None, bool]:
+    """AdamW on the Bradley–Terry loss with linear warm-up (10 %) and decay; returns (steps taken,
+    the last step's loss, whether ``should_stop`` ended it early)."""
+    import torch
+    import torch.nn.functional as F
+
+    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    steps_per_epoch = math.ceil(len(train) / batch_size)
+    total = max(1, int(math.ceil(epochs * steps_per_epoch)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, total // 10)) * max(0.0, 1 - s / total)
+    )
+    step = 0
+    last_loss = None
+    while step < total:
+        idx = list(range(len(train)))
+        rng.shuffle(idx)
+        for b in range(0, len(idx), batch_size):
+            if step >= total:
+                break
+            if should_stop is not None and should_stop():
+                return step, last_loss, True
+            model.train()
+            batch = [train[i] for i in idx[b : b + batch_size]]
+            rc, rr = _pair_scores(model, tok, batch, text.include_prompt, text.max_length, text.device)
+            loss = -F.logsigmoid(rc - rr).mean()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            last_loss = float(loss.detach())
+            if progress is not None:
+                progress(step, total, {"loss": last_loss, "batch_accuracy": float((rc > rr).float().mean())})
+    return step, last_loss, False
 
 
 class RewardModelScorer:

@@ -427,11 +427,21 @@ class _Converter:
         return gen
 
     def _alg(self, alg: dict[str, Any], our_alg: str, episode: int) -> None:
+        """RL4LMs's ``alg`` section: its ``args``, ``kl_div`` and ``policy`` parts, in that order."""
         algo = self.section("algorithm")
         algo["id"] = our_alg
         algo["clip_range_value"] = None  # SB3/RL4LMs default clip_range_vf: no value clipping
+        self._alg_args(dict(alg.get("args") or {}), our_alg, episode)
+        self._kl_div(alg.get("kl_div") or {})
+        self._alg_policy(alg.get("policy") or {}, our_alg, episode)
+        for key in alg:
+            if key not in ("id", "args", "kl_div", "policy"):
+                self.note(f"alg.{key}", "unknown algorithm section; ignored")
+
+    def _alg_args(self, args: dict[str, Any], our_alg: str, episode: int) -> None:
+        """``alg.args``: SB3's constructor arguments, mapped onto ``algorithm`` (and a few other sections)."""
+        algo = self.section("algorithm")
         train = self.section("train")
-        args = dict(alg.get("args") or {})
         for key, raw in args.items():
             value = self._sweep(raw, f"alg.args.{key}")
             if key in QUIET_ALG_ARGS or key == "n_steps":
@@ -480,7 +490,9 @@ class _Converter:
             algo.setdefault(key, value)
         if our_alg == "trpo" and "minibatch_size" not in algo:
             algo["minibatch_size"] = max(1, math.ceil(TRPO_BATCH_SIZE / max(1, episode)))
-        kl_div = alg.get("kl_div") or {}
+
+    def _kl_div(self, kl_div: dict[str, Any]) -> None:
+        """``alg.kl_div``: the KL coefficient, adaptive when it has a target."""
         kl = self.section("kl")
         if "coeff" in kl_div:
             kl["init_coef"] = float(kl_div["coeff"])
@@ -494,7 +506,9 @@ class _Converter:
             if key not in ("coeff", "target_kl"):
                 self.note(f"alg.kl_div.{key}", "unknown KL option; ignored")
 
-        policy = alg.get("policy") or {}
+    def _alg_policy(self, policy: dict[str, Any], our_alg: str, episode: int) -> None:
+        """``alg.policy.args``: generation settings, NLPO's mask and the optimizer's options."""
+        algo = self.section("algorithm")
         pargs = dict(policy.get("args") or {})
         nlpo: dict[str, Any] = {}
         for key, value in pargs.items():
@@ -541,9 +555,6 @@ class _Converter:
                 algo["nlpo"] = nlpo
             else:
                 self.note("alg.policy.args", f"NLPO options {sorted(nlpo)} given for {our_alg!r}; ignored")
-        for key in alg:
-            if key not in ("id", "args", "kl_div", "policy"):
-                self.note(f"alg.{key}", "unknown algorithm section; ignored")
 
     def _supervised(self, alg: dict[str, Any]) -> None:
         self.section("algorithm")["id"] = "sft"

@@ -521,6 +521,44 @@ def _check_study_dir(out: Path, study: Study, budget: Budget, seeds: list[int]) 
     return meta
 
 
+class _Progress:
+    """One line per finished run of a study sitting: how many are done, and an ETA from the cost
+    units (``cost_units``) trained so far in this sitting."""
+
+    def __init__(
+        self,
+        bud: Budget,
+        n_jobs: int,
+        total_units: float,
+        done_units: float,
+        n_done: int,
+        say: Callable[[str], None],
+    ):
+        self.bud, self.n_jobs, self.total_units, self.say = bud, n_jobs, total_units, say
+        self.done_units, self.n_done, self.units_here = done_units, n_done, 0.0
+        self.t_start = time.perf_counter()
+
+    def __call__(self, res: dict[str, Any], job: Job) -> None:
+        if res["status"] == "done":
+            units = cost_units(job.cell, self.bud)
+            self.done_units += units
+            self.units_here += units
+            self.n_done += 1
+        elapsed = time.perf_counter() - self.t_start
+        rate = elapsed / self.units_here if self.units_here else None
+        eta = rate * (self.total_units - self.done_units) if rate else None
+        detail = {
+            "done": f"trained in {fmt_seconds(res.get('train_s'))}, test evaluation {fmt_seconds(res.get('test_eval_s'))}",
+            "skipped": "already done",
+            "stopped": "stopped (checkpointed; re-run the command to resume)",
+            "failed": f"FAILED: {res.get('error', '')}",
+        }[res["status"]]
+        self.say(
+            f"[{self.n_done}/{self.n_jobs} done] {job.key} ({res.get('state_before')}): {detail}; "
+            f"elapsed {fmt_seconds(elapsed)}, ETA {fmt_seconds(eta) if self.n_done < self.n_jobs else '0s'}"
+        )
+
+
 def run_study(
     study_id: str,
     out: str | Path,
@@ -559,31 +597,8 @@ def run_study(
         f"study {study.id} ({bud.name}): {len(jobs)} runs ({len(jobs) // len(seeds)} cells x {len(seeds)} seeds) "
         f"into {out}; {n_done} already done"
     )
-    t_start = time.perf_counter()
-    units_here = 0.0
+    report = _Progress(bud, len(jobs), total_units, done_units, n_done, say)
     results: list[dict[str, Any]] = []
-
-    def report(res: dict[str, Any], job: Job) -> None:
-        nonlocal done_units, units_here, n_done
-        if res["status"] == "done":
-            units = cost_units(job.cell, bud)
-            done_units += units
-            units_here += units
-            n_done += 1
-        elapsed = time.perf_counter() - t_start
-        rate = elapsed / units_here if units_here else None
-        eta = rate * (total_units - done_units) if rate else None
-        detail = {
-            "done": f"trained in {fmt_seconds(res.get('train_s'))}, test evaluation {fmt_seconds(res.get('test_eval_s'))}",
-            "skipped": "already done",
-            "stopped": "stopped (checkpointed; re-run the command to resume)",
-            "failed": f"FAILED: {res.get('error', '')}",
-        }[res["status"]]
-        say(
-            f"[{n_done}/{len(jobs)} done] {job.key} ({res.get('state_before')}): {detail}; "
-            f"elapsed {fmt_seconds(elapsed)}, ETA {fmt_seconds(eta) if n_done < len(jobs) else '0s'}"
-        )
-
     if workers <= 1:
         for job in jobs:
             if should_stop is not None and should_stop():

@@ -120,21 +120,7 @@ def lm_forward(
         # other layer's states kept (issue #30), whatever the head looks like and whatever the precision.
         head_weight, compute_dtype = lm.get_input_embeddings().weight, None  # a stand-in, never multiplied
     if is_seq2seq:
-        prefix = decoder_prefix(decoder_start_id)
-        start = torch.tensor(prefix, dtype=gen_ids.dtype, device=gen_ids.device).expand(gen_ids.shape[0], -1)
-        dec_in = torch.cat([start, gen_ids[:, :-1]], dim=1)
-        dec_mask = torch.cat([torch.ones_like(start), gen_mask[:, :-1].to(start.dtype)], dim=1)
-        out = lm(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            decoder_input_ids=dec_in,
-            decoder_attention_mask=dec_mask,
-            output_hidden_states=want_hidden,
-            use_cache=False,
-        )
-        skip = len(prefix) - 1  # rows of the forced prefix tokens choose nothing
-        hidden = out.decoder_hidden_states[-1][:, skip:] if want_hidden else None
-        return out.logits[:, skip:], hidden
+        return _seq2seq_forward(lm, prompt_ids, prompt_mask, gen_ids, gen_mask, decoder_start_id, want_hidden)
     rows = shared_prompt_rows(prompt_ids, prompt_mask) if share_prompts else None
     if rows is not None:
         return shared_prompt_forward(
@@ -163,6 +149,34 @@ def lm_forward(
     logits = logits[:, -(t_len + 1) : -1]
     hidden = out.hidden_states[-1][:, p_len - 1 : p_len + t_len - 1] if want_hidden else None
     return logits, hidden
+
+
+def _seq2seq_forward(
+    lm: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    gen_ids: torch.Tensor,
+    gen_mask: torch.Tensor,
+    decoder_start_id: int | Sequence[int] | None,
+    want_hidden: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`lm_forward` of an encoder-decoder: the decoder reads the :func:`decoder_prefix`, then the
+    generated tokens shifted by one; the rows of the prefix's forced tokens are cut off."""
+    prefix = decoder_prefix(decoder_start_id)
+    start = torch.tensor(prefix, dtype=gen_ids.dtype, device=gen_ids.device).expand(gen_ids.shape[0], -1)
+    dec_in = torch.cat([start, gen_ids[:, :-1]], dim=1)
+    dec_mask = torch.cat([torch.ones_like(start), gen_mask[:, :-1].to(start.dtype)], dim=1)
+    out = lm(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        decoder_input_ids=dec_in,
+        decoder_attention_mask=dec_mask,
+        output_hidden_states=want_hidden,
+        use_cache=False,
+    )
+    skip = len(prefix) - 1  # rows of the forced prefix tokens choose nothing
+    hidden = out.decoder_hidden_states[-1][:, skip:] if want_hidden else None
+    return out.logits[:, skip:], hidden
 
 
 def shared_prompt_rows(
