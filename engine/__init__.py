@@ -1,6 +1,7 @@
 """GRUE Studio engine: RL and supervised fine-tuning for HuggingFace language models.
 
-Algorithms (``engine/algorithms/``, chosen by ``algorithm.id``): the actor-critic on-policy ``ppo``,
+Algorithms (``engine/algorithms/``, chosen by ``algorithm.id``), in four families whose bases in
+``engine/algorithms/base.py`` declare what the trainer asks of them: the actor-critic on-policy ``ppo``,
 ``nlpo``, ``a2c`` and ``trpo``; the critic-free group algorithms ``grpo``, ``rloo``, ``reinforce_pp``
 and ``reinforce_pp_baseline``; offline preference optimisation ``dpo`` (DPO, or IPO with
 ``loss_type: ipo``); and ``sft``, supervised fine-tuning (also the warm start of an RL run).

@@ -600,13 +600,11 @@ def collect(
     """
 
     score_policy = score_policy or kl_estimator == "full"
-    pad_id = tokenizer.pad_token_id
-    keys = ("pi", "pm", "gi", "gm", "sup", "lp", "rlp", "v", "slp", "klp", "kl", "ent")
-    parts: dict[str, list] = {k: [] for k in keys}
-    side = prompt_padding_side(policy.is_seq2seq)
     timings = timings if timings is not None else {}
     timings.setdefault("generate", 0.0)
     timings.setdefault("score", 0.0)
+    side = prompt_padding_side(policy.is_seq2seq)
+    chunks: list[_Chunk] = []
     was_training = policy.training
     policy.eval()
     for start in range(0, len(samples), batch_size):
@@ -619,7 +617,7 @@ def collect(
             pi,
             pm,
             spec,
-            pad_id,
+            tokenizer.pad_token_id,
             policy.decoder_start_id,
             masking_lm=masking_lm,
             generator=generator,
@@ -633,66 +631,112 @@ def collect(
         )
         t1 = time.perf_counter()
         inputs = {"prompt_ids": pi, "prompt_mask": pm, "gen_ids": g.gen_ids, "gen_mask": g.gen_mask}
-        if score_policy:
-            sc = score(
-                policy,
-                ref_lm,
-                inputs,
-                g.support,
-                spec.temperature,
-                autocast_dtype,
-                kl_estimator,
-                share_prompts,
-            )
-        else:
-            zeros = torch.zeros_like(g.gen_mask)
-            ref_lp = (
-                reference_logprobs(ref_lm, policy, inputs, spec.temperature, autocast_dtype, share_prompts)
-                if ref_lm is not None
-                else zeros
-            )
-            sc = Scored(zeros, ref_lp, zeros, zeros.clone(), zeros.clone(), zeros.clone())
+        sc = _score_chunk(
+            policy,
+            ref_lm,
+            inputs,
+            g,
+            spec.temperature,
+            autocast_dtype,
+            kl_estimator,
+            share_prompts,
+            score_policy,
+        )
         timings["generate"] += t1 - t0
         timings["score"] += time.perf_counter() - t1
-        for k, t in zip(
-            ("pi", "pm", "gi", "gm", "lp", "rlp", "v", "slp", "klp", "kl", "ent"),
-            (pi, pm, g.gen_ids, g.gen_mask, sc.logprobs, sc.ref_logprobs, sc.values, g.sample_logprobs)
-            + (sc.kl_logprobs, sc.kl, sc.entropy),
-        ):
-            parts[k].append(t)
-        parts["sup"].append(g.support)
+        chunks.append(_Chunk(pi, pm, g, sc))
     policy.train(was_training)
-    support = parts["sup"][0]  # same spec for every chunk: all tensors, all the same EosBan, or all None
-    if isinstance(support, torch.Tensor):
-        t_max = max(t.shape[1] for t in parts["gi"])
-        sups = []
-        for s in parts["sup"]:
-            if s.shape[1] < t_max:
-                fill = torch.ones(
-                    s.shape[0], t_max - s.shape[1], s.shape[2], dtype=torch.bool, device=s.device
-                )
-                s = torch.cat([s, fill], 1)
-            sups.append(s)
-        support = torch.cat(sups, dim=0)
-    gen_ids = cat_padded(parts["gi"], pad_id, left=False)
-    gen_mask = cat_padded(parts["gm"], 0.0, left=False)
+    return _assemble(chunks, samples, tokenizer, side, score_policy, ref_lm is not None, kl_estimator)
+
+
+@dataclass
+class _Chunk:
+    """One chunk of a rollout: its prompts, what generation produced and what scoring added."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    generated: Generated
+    scored: Scored
+
+
+def _score_chunk(
+    policy: ActorCritic,
+    ref_lm: Any | None,
+    inputs: dict[str, torch.Tensor],
+    g: Generated,
+    temperature: float,
+    autocast_dtype: torch.dtype | None,
+    kl_estimator: str,
+    share_prompts: bool,
+    score_policy: bool,
+) -> Scored:
+    """The scoring pass of one chunk; without ``score_policy`` only the reference scores (if there is
+    one) and the policy's fields stay zeros for the update to fill in."""
+    if score_policy:
+        return score(
+            policy, ref_lm, inputs, g.support, temperature, autocast_dtype, kl_estimator, share_prompts
+        )
+    zeros = torch.zeros_like(g.gen_mask)
+    ref_lp = (
+        reference_logprobs(ref_lm, policy, inputs, temperature, autocast_dtype, share_prompts)
+        if ref_lm is not None
+        else zeros
+    )
+    return Scored(zeros, ref_lp, zeros, zeros.clone(), zeros.clone(), zeros.clone())
+
+
+def _cat_support(supports: list[Any], t_max: int) -> Any:
+    """The chunks' supports as one: (B, T, V) masks padded with "every token allowed" to ``t_max``
+    steps, or the chunks' common EosBan / None (the same spec made every chunk's)."""
+    support = supports[0]
+    if not isinstance(support, torch.Tensor):
+        return support
+    sups = []
+    for s in supports:
+        if s.shape[1] < t_max:
+            fill = torch.ones(s.shape[0], t_max - s.shape[1], s.shape[2], dtype=torch.bool, device=s.device)
+            s = torch.cat([s, fill], 1)
+        sups.append(s)
+    return torch.cat(sups, dim=0)
+
+
+def _assemble(
+    chunks: list[_Chunk],
+    samples: list[Any],
+    tokenizer: Any,
+    side: str,
+    policy_scored: bool,
+    has_reference: bool,
+    kl_estimator: str,
+) -> RolloutBatch:
+    """The chunks as one batch padded to common lengths, with the samples' texts and the decoded generations."""
+    pad_id = tokenizer.pad_token_id
+    gens = [c.generated for c in chunks]
+    scored = [c.scored for c in chunks]
+    t_max = max(g.gen_ids.shape[1] for g in gens)
+    gen_ids = cat_padded([g.gen_ids for g in gens], pad_id, left=False)
+    gen_mask = cat_padded([g.gen_mask for g in gens], 0.0, left=False)
     texts = decode_generations(tokenizer, gen_ids, gen_mask)
+
+    def right_padded(name: str) -> torch.Tensor:
+        return cat_padded([getattr(sc, name) for sc in scored], 0.0, left=False)
+
     # prompts of one batch share the padding side of their chunks (left: causal, right: encoder)
     return RolloutBatch(
-        prompt_ids=cat_padded(parts["pi"], pad_id, left=side == "left"),
-        prompt_mask=cat_padded(parts["pm"], 0, left=side == "left"),
+        prompt_ids=cat_padded([c.prompt_ids for c in chunks], pad_id, left=side == "left"),
+        prompt_mask=cat_padded([c.prompt_mask for c in chunks], 0, left=side == "left"),
         gen_ids=gen_ids,
         gen_mask=gen_mask,
-        support=support,
-        logprobs=cat_padded(parts["lp"], 0.0, left=False),
-        ref_logprobs=cat_padded(parts["rlp"], 0.0, left=False),
-        values=cat_padded(parts["v"], 0.0, left=False),
-        sample_logprobs=cat_padded(parts["slp"], 0.0, left=False),
-        kl_logprobs=cat_padded(parts["klp"], 0.0, left=False),
-        kl=cat_padded(parts["kl"], 0.0, left=False),
-        entropy=cat_padded(parts["ent"], 0.0, left=False),
-        policy_scored=score_policy,
-        has_reference=ref_lm is not None,
+        support=_cat_support([g.support for g in gens], t_max),
+        logprobs=right_padded("logprobs"),
+        ref_logprobs=right_padded("ref_logprobs"),
+        values=right_padded("values"),
+        sample_logprobs=cat_padded([g.sample_logprobs for g in gens], 0.0, left=False),
+        kl_logprobs=right_padded("kl_logprobs"),
+        kl=right_padded("kl"),
+        entropy=right_padded("entropy"),
+        policy_scored=policy_scored,
+        has_reference=has_reference,
         kl_estimator=kl_estimator,
         prompts=[s.prompt for s in samples],
         generations=texts,

@@ -10,6 +10,7 @@ and RNG states, so a run resumed from its last checkpoint follows the same traje
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -61,7 +62,7 @@ from engine.models.policy import ActorCritic, frozen_copy
 from engine.models.precision import autocast
 from engine.registry import algorithms
 from engine.rewards import build_reward
-from engine.rollout import SamplingSpec, collect
+from engine.rollout import RolloutBatch, SamplingSpec, collect
 from engine.sinks import RunDirSink
 from engine.trackers import build_trackers
 from engine.trackers import check_available as check_trackers
@@ -103,6 +104,17 @@ def _support_stats(support: Any, mask: torch.Tensor) -> dict[str, float]:
     if not bool(valid.any()):
         return {}
     return {"rollout/support_frac": float(support[valid].float().mean())}
+
+
+def _time_metrics(timings: dict[str, float], t0: float) -> dict[str, float]:
+    """Seconds spent in each step of an iteration begun at ``t0`` (``time.perf_counter``)."""
+    return {
+        "time/generate_s": timings.get("generate", 0.0),
+        "time/score_s": timings.get("score", 0.0),
+        "time/reward_s": timings.get("reward", 0.0),
+        "time/update_s": timings.get("update", 0.0),
+        "time/iteration_s": time.perf_counter() - t0,
+    }
 
 
 def load_split(cfg: RunConfig, split: str) -> list[Any]:
@@ -257,17 +269,26 @@ class Trainer:
         self.final_eval: tuple[dict[str, float], list[dict[str, Any]]] | None = None
         self.last_checkpoint: Path | None = None
 
-    # ----------------------------------------------------------------- helpers
-    def _autocast(self):
+    # ----------------------------------------------------------------- what algorithms may use
+    # ``engine.algorithms.base.TrainerView``: cfg, iteration, policy, optimizer, tokenizer, device,
+    # ref_lm, scaler (attributes set in __init__ and run) and the two methods below.
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The run's mixed-precision context for a forward pass (``engine.models.precision``)."""
         return autocast(self.device, self.amp)
 
+    def prompts_for(self, iteration: int) -> list[Any]:
+        """The samples of one iteration (every rank's; ``train.prompts_per_iter`` of them), in the
+        run's seeded per-epoch order, so a resumed run continues the same sequence."""
+        return self._prompts_for(iteration)  # bench/engine_step.py replaces this for a fixed workload
+
+    # ----------------------------------------------------------------- helpers
     @property
     def wants_rl(self) -> bool:
-        return bool(getattr(self.algo, "is_rl", True)) and self.cfg.train.n_iters > 0
+        return self.algo.is_rl and self.cfg.train.n_iters > 0
 
     @property
     def wants_sft(self) -> bool:
-        return self.cfg.supervised.enabled or not getattr(self.algo, "is_rl", True)
+        return self.cfg.supervised.enabled or not self.algo.is_rl
 
     def _train_samples(self) -> list[Any]:
         if self.train_samples is None:
@@ -303,8 +324,7 @@ class Trainer:
 
     def _make_rl_optimizer(self) -> torch.optim.Optimizer:
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        make = getattr(self.algo, "make_optimizer", None)  # e.g. A2C's RMSprop; None = AdamW
-        own = make(params) if make is not None else None
+        own = self.algo.make_optimizer(params)  # e.g. A2C's RMSprop; None = AdamW
         if own is not None:
             return own
         return torch.optim.AdamW(
@@ -357,7 +377,7 @@ class Trainer:
         return distributed.full_state(self.policy)
 
     def _setup_reference(self) -> None:
-        if self.ref_lm is not None or not getattr(self.algo, "needs_reference", True):
+        if self.ref_lm is not None or not self.algo.needs_reference:
             return  # critic-free algorithms with beta 0 never load a reference
         if self.ref_path:
             self.ref_lm = self.frozen_copy(load_lm(resolve_model_path(self.ref_path), self.kind)).to(
@@ -514,7 +534,7 @@ class Trainer:
                 self.device,
             )
             opt.zero_grad(set_to_none=True)
-            with self._autocast():
+            with self.autocast():
                 loss = sft_loss(self.policy.lm, self.kind == "seq2seq", batch)
             loss.backward()
             distributed.sync_gradients([p for p in self.policy.lm.parameters() if p.requires_grad])
@@ -548,7 +568,7 @@ class Trainer:
         if not distributed.is_main():
             return {}
         samples = self._eval_samples()
-        masked = getattr(self.algo, "uses_masking_policy", False) and self.cfg.algorithm.nlpo.masked_eval
+        masked = self.algo.uses_masking_policy and self.cfg.algorithm.nlpo.masked_eval
         gens = generate_texts(
             self.policy.lm,
             self.policy.is_seq2seq,
@@ -578,33 +598,49 @@ class Trainer:
             self.final_eval = (corpus, rows)
         return values
 
+    # ----------------------------------------------------------------- one iteration
     def rl_iteration(self) -> dict[str, float]:
-        cfg = self.cfg
-        it = self.iteration
+        """One on-policy iteration, top to bottom: rollout -> score -> advantages -> update -> adapt the
+        KL coefficient -> log. Each step is a method below, in this order.
+
+        Every random draw is seeded from ``(train.seed, iteration, k)`` (k = 1: sampling, 2: the
+        minibatch shuffles), so a run resumed from its checkpoint repeats the same iteration."""
         t0 = time.perf_counter()
+        it = self.iteration
+        timings: dict[str, float] = {}
         self.algo.on_iteration_start(it, self.policy)
+        batch, temperature = self._rollout(it, timings)
+        scores, task_r = self._score(batch, timings)
+        beta = float(self.kl_ctl.value)
+        adv, ret, rewards = self._advantages(task_r, batch, beta)
+        stats = self._update(batch, adv, ret, temperature, it, timings)
+        seq_kl, token_kl, glob = self._adapt_kl(task_r, rewards, batch, ret)
+        self.iteration = it + 1
+        metrics = {
+            **self._batch_metrics(task_r, rewards, batch, ret, beta, seq_kl, token_kl),
+            **stats,
+            **self._param_drift(),
+            **_time_metrics(timings, t0),
+        }
+        if glob:  # algorithm statistics and timings: mean over ranks; batch statistics: exact
+            metrics = {**distributed.mean_dict(metrics), **glob}
+        self.events.metrics(self.iteration, metrics)
+        self._log_train_samples(batch, scores)
+        return metrics
+
+    def _rollout(self, it: int, timings: dict[str, float]) -> tuple[RolloutBatch, float]:
+        """Generate this rank's episodes of iteration ``it`` and score them under the policy, its value
+        function and the reference; returns the batch and the sampling temperature."""
+        cfg = self.cfg
         spec = SamplingSpec.from_config(
             cfg.rollout,
             self.tokenizer.eos_token_id,
-            cfg.algorithm.nlpo if getattr(self.algo, "uses_masking_policy", False) else None,
+            cfg.algorithm.nlpo if self.algo.uses_masking_policy else None,
             special_ids=self.tokenizer.all_special_ids,
         )
         gen = torch.Generator(device=self.device).manual_seed(_mix(cfg.train.seed, it, 1))
-        timings: dict[str, float] = {}
-        samples = self._prompts_for(it)
-        group_size = getattr(self.algo, "group_size", 1)  # GRPO/RLOO: G consecutive copies of each prompt
-        if group_size > 1:
-            samples = [s for s in samples for _ in range(group_size)]
-        # This rank's share (whole groups), and one noise seed per sample of the *global* batch, so a
-        # config written for N processes samples the same episodes on 1 or N of them. One-process
-        # configs keep the batch generator: with per-sample noise the PPO learning run of
-        # tests/engine/test_learning.py (seed 0) did not take off within its 10 iterations, where the
-        # generator's stream did (docs/engine.md, "Distributed runs").
-        lo, hi = distributed.share(len(samples) // group_size, "train.prompts_per_iter")
-        lo, hi = lo * group_size, hi * group_size
-        samples = samples[lo:hi]
-        per_sample = distributed.is_active() or cfg.resources.processes > 1
-        seeds = [_mix(cfg.train.seed, it, 1, i) for i in range(lo, hi)] if per_sample else None
+        samples, seeds = self._rollout_samples(it)
+        group_size = self.algo.group_size
         # Sharded (FSDP): every rank gathers the whole policy once for generation, in which ranks
         # run different numbers of steps (distributed.unsharded).
         with distributed.unsharded(self.policy):
@@ -623,29 +659,68 @@ class Trainer:
                 timings=timings,
                 kl_estimator=cfg.kl.estimator,
                 # a one-step critic-free update scores the policy in its own forward (group.py)
-                score_policy=getattr(self.algo, "needs_rollout_scores", lambda n: True)(len(samples)),
+                score_policy=self.algo.needs_rollout_scores(len(samples)),
                 sample_seeds=seeds,
                 share_prompts=group_size > 1,  # a group's G completions share one prompt pass
             )
+        return batch, spec.temperature
+
+    def _rollout_samples(self, it: int) -> tuple[list[Any], list[int] | None]:
+        """This rank's samples of iteration ``it`` (G consecutive copies of each prompt for a group
+        algorithm) and their per-sample noise seeds (None: the batch generator samples)."""
+        group_size = self.algo.group_size
+        samples = self.prompts_for(it)
+        if group_size > 1:
+            samples = [s for s in samples for _ in range(group_size)]
+        # This rank's share (whole groups), and one noise seed per sample of the *global* batch, so a
+        # config written for N processes samples the same episodes on 1 or N of them. One-process
+        # configs keep the batch generator: with per-sample noise the PPO learning run of
+        # tests/engine/test_learning.py (seed 0) did not take off within its 10 iterations, where the
+        # generator's stream did (docs/engine.md, "Distributed runs").
+        lo, hi = distributed.share(len(samples) // group_size, "train.prompts_per_iter")
+        lo, hi = lo * group_size, hi * group_size
+        per_sample = distributed.is_active() or self.cfg.resources.processes > 1
+        seeds = [_mix(self.cfg.train.seed, it, 1, i) for i in range(lo, hi)] if per_sample else None
+        return samples[lo:hi], seeds
+
+    def _score(self, batch: RolloutBatch, timings: dict[str, float]) -> tuple[list[Any], torch.Tensor]:
+        """The task reward of every episode: as the reward returned them (logged with the samples) and
+        as a (B,) tensor."""
         t_reward = time.perf_counter()
         scores = self.reward_fn(batch.prompts, batch.generations, batch.references, batch.meta)
         task_r = torch.tensor([float(s) for s in scores], dtype=torch.float32, device=self.device)
         timings["reward"] = time.perf_counter() - t_reward
-        beta = float(self.kl_ctl.value)
-        mask = batch.gen_mask
+        return scores, task_r
+
+    def _advantages(
+        self, task_r: torch.Tensor, batch: RolloutBatch, beta: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(advantages, returns, per-token rewards): GAE on the KL-shaped rewards for an actor-critic
+        algorithm; a critic-free one computes its own (its returns are its advantages)."""
+        if not self.algo.uses_critic:  # GRPO, RLOO, REINFORCE++: no value, no GAE
+            adv, rewards = self.algo.advantages(task_r, batch)
+            return adv, adv, rewards
+        mask, a = batch.gen_mask, self.cfg.algorithm
         # The penalty's KL is between the full tempered distributions (batch.kl, kl.estimator); the
         # stored support only serves the PPO ratio.
         rewards, _ = kl_penalty_rewards(task_r, batch.kl, mask, beta)
-        critic_free = getattr(self.algo, "advantages", None)  # GRPO, RLOO, REINFORCE++: no value, no GAE
-        if critic_free is not None:
-            adv, rewards = critic_free(task_r, batch)
-            ret = adv
-        else:
-            adv, ret = gae(rewards, batch.values, mask, cfg.algorithm.gamma, cfg.algorithm.gae_lambda)
-            if cfg.algorithm.whiten_advantages and not self.algo.whitens_per_minibatch:
-                adv = whiten(adv, mask)  # PPO/NLPO normalise each minibatch instead (SB3)
+        adv, ret = gae(rewards, batch.values, mask, a.gamma, a.gae_lambda)
+        if a.whiten_advantages and not self.algo.whitens_per_minibatch:
+            adv = whiten(adv, mask)  # PPO/NLPO normalise each minibatch instead (SB3)
+        return adv, ret, rewards
+
+    def _update(
+        self,
+        batch: RolloutBatch,
+        adv: torch.Tensor,
+        ret: torch.Tensor,
+        temperature: float,
+        it: int,
+        timings: dict[str, float],
+    ) -> dict[str, float]:
+        """The algorithm's update on the batch; returns its statistics."""
         t_update = time.perf_counter()
-        shuffle = torch.Generator().manual_seed(_mix(cfg.train.seed, it, 2))
+        shuffle = torch.Generator().manual_seed(_mix(self.cfg.train.seed, it, 2))
         stats = self.algo.update(
             self.policy,
             self.optimizer,
@@ -653,25 +728,45 @@ class Trainer:
             advantages=adv,
             returns=ret,
             generator=shuffle,
-            temperature=spec.temperature,
+            temperature=temperature,
             autocast_dtype=self.amp,
             scaler=self.scaler,
         )
         timings["update"] = time.perf_counter() - t_update
+        return stats
+
+    def _adapt_kl(
+        self, task_r: torch.Tensor, rewards: torch.Tensor, batch: RolloutBatch, ret: torch.Tensor
+    ) -> tuple[torch.Tensor, float, dict[str, Any]]:
+        """Feed the iteration's KL to the KL controller; returns (per-episode KL, per-token mean KL,
+        the batch statistics over every rank: empty for one process)."""
+        mask = batch.gen_mask
         # Read after the update: a rollout that skipped the policy's scoring pass gets its KL from it.
         kl = batch.kl * mask
         seq_kl = kl.sum(1)
         token_kl = float(masked_mean(kl, mask))
-        glob = self._global_stats(task_r, kl, mask, rewards, batch, ret, critic_free is None)
+        glob = self._global_stats(task_r, kl, mask, rewards, batch, ret, self.algo.uses_critic)
         if glob:  # several ranks: the controller and the metrics see the whole batch
             seq_kl, token_kl = glob.pop("seq_kl"), float(glob["train/kl"])
         # Each controller reads the KL in its own units (RL4LMs's: per-token mean; Ziegler's: per episode).
         per_episode = getattr(self.kl_ctl, "unit", "episode") == "episode"
         n_global = len(batch) * distributed.current().world_size
         self.kl_ctl.update(float(seq_kl.mean()) if per_episode else token_kl, n_global)
-        self.iteration = it + 1
-        lengths = mask.sum(1)
-        metrics = {
+        return seq_kl, token_kl, glob
+
+    def _batch_metrics(
+        self,
+        task_r: torch.Tensor,
+        rewards: torch.Tensor,
+        batch: RolloutBatch,
+        ret: torch.Tensor,
+        beta: float,
+        seq_kl: torch.Tensor,
+        token_kl: float,
+    ) -> dict[str, float]:
+        """The rollout's statistics on this rank (a distributed run overwrites them with every rank's)."""
+        mask = batch.gen_mask
+        return {
             "train/reward_mean": float(task_r.mean()),
             "train/reward_std": float(task_r.std(unbiased=False)),
             "train/kl": token_kl,
@@ -679,7 +774,7 @@ class Trainer:
             "train/kl_coef": beta,
             "train/entropy": float(masked_mean(batch.entropy, mask)),
             **_support_stats(batch.support, mask),
-            "train/episode_length": float(lengths.mean()),
+            "train/episode_length": float(mask.sum(1).mean()),
             "train/shaped_return": float(rewards.sum(1).mean()),
             # a critic-free algorithm (GRPO, RLOO, REINFORCE++) has no value to report: no value/* keys,
             # so that no chart shows a line of zeros
@@ -688,41 +783,44 @@ class Trainer:
                     "value/mean": float(masked_mean(batch.values, mask)),
                     "value/explained_var": explained_variance(batch.values, ret, mask),
                 }
-                if critic_free is None
+                if self.algo.uses_critic
                 else {}
             ),
-            **stats,
-            **self._param_drift(),
-            "time/generate_s": timings.get("generate", 0.0),
-            "time/score_s": timings.get("score", 0.0),
-            "time/reward_s": timings.get("reward", 0.0),
-            "time/update_s": timings.get("update", 0.0),
-            "time/iteration_s": time.perf_counter() - t0,
         }
-        if glob:  # algorithm statistics and timings: mean over ranks; batch statistics: exact
-            metrics = {**distributed.mean_dict(metrics), **glob}
+
+    def _log_train_samples(self, batch: RolloutBatch, scores: list[Any]) -> None:
+        """The first ``train.log_samples`` episodes with their rewards (and the reward's details)."""
+        n_log = min(self.cfg.train.log_samples, len(batch))
+        if not n_log:
+            return
+        extra = reward_details(
+            self.reward_fn,
+            batch.prompts[:n_log],
+            batch.generations[:n_log],
+            batch.references[:n_log],
+            batch.meta[:n_log],
+        )
+        rows = [
+            {
+                "sample_id": batch.ids[i],
+                "prompt": batch.prompts[i],
+                "generation": batch.generations[i],
+                "references": batch.references[i],
+                "reward": float(scores[i]),
+                **({"metrics": extra[i]} if extra[i] else {}),
+            }
+            for i in range(n_log)
+        ]
+        self.events.samples(self.iteration, "train", rows)
+
+    def offline_iteration(self) -> dict[str, float]:
+        """One iteration of an offline algorithm (DPO): no rollout, the algorithm steps on its pairs
+        through the trainer's public view (``engine.algorithms.base.TrainerView``)."""
+        t0 = time.perf_counter()
+        metrics = self.algo.offline_iteration(self)
+        self.iteration += 1
+        metrics["time/iteration_s"] = time.perf_counter() - t0
         self.events.metrics(self.iteration, metrics)
-        n_log = min(cfg.train.log_samples, len(batch))
-        if n_log:
-            extra = reward_details(
-                self.reward_fn,
-                batch.prompts[:n_log],
-                batch.generations[:n_log],
-                batch.references[:n_log],
-                batch.meta[:n_log],
-            )
-            rows = [
-                {
-                    "sample_id": batch.ids[i],
-                    "prompt": batch.prompts[i],
-                    "generation": batch.generations[i],
-                    "references": batch.references[i],
-                    "reward": float(scores[i]),
-                    **({"metrics": extra[i]} if extra[i] else {}),
-                }
-                for i in range(n_log)
-            ]
-            self.events.samples(self.iteration, "train", rows)
         return metrics
 
     def _global_stats(
@@ -784,8 +882,7 @@ class Trainer:
         cfg = self.cfg
         self.events.run_started(cfg.to_dict(), str(self.run_dir))
         self._record_ranks()
-        needs_ref = getattr(self.algo, "needs_reference", True)
-        if self.wants_rl and not self.ref_path and not self.wants_sft and needs_ref:
+        if self.wants_rl and not self.ref_path and not self.wants_sft and self.algo.needs_reference:
             # The reference is the initial model: copy it before a checkpoint overwrites the policy.
             self.ref_lm = self._reference_of_policy()
         resume_state = None
@@ -808,7 +905,7 @@ class Trainer:
             if not ok:
                 return self._finish(stopped=True)
         if self.wants_rl:
-            if getattr(self.algo, "uses_masking_policy", False):
+            if self.algo.uses_masking_policy:
                 self.algo.setup(self.policy)  # masking policy starts as the (warm-started) policy
             self.reward_fn = build_reward_fn(cfg)
             self._setup_reference()
@@ -833,8 +930,8 @@ class Trainer:
                 if self._stop_requested():
                     stopped = True
                     break
-                offline = getattr(self.algo, "offline_iteration", None)  # DPO: no rollout
-                self.history.append(offline(self) if offline is not None else self.rl_iteration())
+                # DPO: no rollout
+                self.history.append(self.offline_iteration() if self.algo.offline else self.rl_iteration())
                 done = self.iteration - start_it
                 eta = (time.perf_counter() - t_start) / done * (total - self.iteration)
                 self.events.progress(self.iteration, total, eta, "rl")

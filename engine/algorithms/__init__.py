@@ -1,7 +1,28 @@
-"""Built-in algorithms; importing the package registers "ppo", "nlpo", "a2c", "trpo", "sft" and the
-critic-free "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", and the offline "dpo"."""
+"""Built-in algorithms; importing the package registers them. One family base each
+(``engine/algorithms/base.py``): actor-critic "ppo", "nlpo", "a2c", "trpo"; critic-free group "grpo",
+"rloo", "reinforce_pp", "reinforce_pp_baseline"; offline preference "dpo"; supervised "sft"."""
 
 from engine.algorithms import a2c, dpo, group, nlpo, ppo, sft, trpo  # noqa: F401
-from engine.algorithms.base import Algorithm
+from engine.algorithms.base import (
+    FAMILIES,
+    ActorCriticAlgorithm,
+    Algorithm,
+    CriticFreeGroupAlgorithm,
+    OfflinePreferenceAlgorithm,
+    OnPolicyAlgorithm,
+    SupervisedAlgorithm,
+    TrainerView,
+    UpdateInputs,
+)
 
-__all__ = ["Algorithm"]
+__all__ = [
+    "FAMILIES",
+    "ActorCriticAlgorithm",
+    "Algorithm",
+    "CriticFreeGroupAlgorithm",
+    "OfflinePreferenceAlgorithm",
+    "OnPolicyAlgorithm",
+    "SupervisedAlgorithm",
+    "TrainerView",
+    "UpdateInputs",
+]

@@ -13,14 +13,12 @@ optimizer step is the step on the token mean over the whole rollout, as SB3's ``
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from engine import distributed
-from engine.algorithms.base import Algorithm
-from engine.algorithms.ppo import _trim
+from engine.algorithms.base import ActorCriticAlgorithm, UpdateInputs
+from engine.algorithms.common import backward, clip_and_step, finite, minibatch_inputs
 from engine.models.policy import entropy_from_logprobs, gather_logprobs, processed_logprobs
 from engine.models.precision import autocast
 from engine.registry import algorithms
@@ -51,7 +49,7 @@ def a2c_loss(
 
 
 @algorithms.register("a2c", "Advantage actor-critic (RL4LMs/SB3 A2C): one RMSprop step per rollout.")
-class A2C(Algorithm):
+class A2C(ActorCriticAlgorithm):
     def make_optimizer(self, params: list[Any]) -> torch.optim.Optimizer | None:
         a2c = self.cfg.a2c
         if a2c.optimizer != "rmsprop":
@@ -64,18 +62,7 @@ class A2C(Algorithm):
             weight_decay=self.cfg.weight_decay,
         )
 
-    def update(
-        self,
-        policy: Any,
-        optimizer: Any,
-        batch: Any,
-        advantages: torch.Tensor | None = None,
-        returns: torch.Tensor | None = None,
-        temperature: float = 1.0,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        **_: Any,
-    ) -> dict[str, float]:
+    def learn(self, policy: Any, optimizer: Any, batch: Any, inputs: UpdateInputs) -> dict[str, float]:
         """One optimizer step on the token-mean A2C loss of the whole rollout."""
         cfg = self.cfg
         device = batch.gen_ids.device
@@ -85,44 +72,43 @@ class A2C(Algorithm):
         policy.eval()  # dropout off, as in RL4LMs (its policy is never switched to train mode)
         optimizer.zero_grad(set_to_none=True)
         for idx in torch.arange(len(batch), device=device).split(cfg.minibatch_size):
-            inputs, tsl, support = _trim(batch, idx)
-            with autocast(device, autocast_dtype):
-                logits, values = policy.forward_tokens(inputs, want_values=True)
-            # Log-probs of the distribution sampled from; the entropy is the full tempered distribution's.
-            logp_all = processed_logprobs(logits, temperature, support)
-            # Padding columns out before the product: a pad outside the support is -inf, and -inf * 0 = NaN.
-            logp = torch.where(inputs["gen_mask"] > 0, gather_logprobs(logp_all, inputs["gen_ids"]), 0.0)
-            full = logp_all if support is None else processed_logprobs(logits, temperature, None)
-            del logits, logp_all
-            with torch.set_grad_enabled(cfg.ent_coef > 0):  # otherwise only a statistic
-                entropy = entropy_from_logprobs(full)
-            del full
-            loss, stats = a2c_loss(
-                logp,
-                values.float(),
-                entropy,
-                advantages[idx][:, tsl],
-                returns[idx][:, tsl],
-                inputs["gen_mask"],
-                cfg.vf_coef,
-                cfg.ent_coef,
-                n_tokens,
-            )
-            (scaler.scale(loss) if scaler is not None else loss).backward()
+            loss, stats = self.chunk_loss(policy, batch, idx, inputs, n_tokens)
+            backward(loss, inputs.scaler)
             for k, v in stats.items():  # chunk losses are already shares of the batch mean: add them
                 sums[k] = sums.get(k, 0.0) + float(v.detach())
         params = [p for p in policy.parameters() if p.requires_grad]
-        distributed.sync_gradients(params)  # DDP's mean over ranks, before unscaling and clipping
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
+        gnorm = clip_and_step(params, optimizer, inputs.scaler, cfg.max_grad_norm)
         optimizer.zero_grad(set_to_none=True)
         policy.train(was_training)
         sums["policy/grad_norm"] = float(gnorm)
         sums["policy/n_updates"] = 1.0
-        return {k: (v if math.isfinite(v) else float("nan")) for k, v in sums.items()}
+        return finite(sums)
+
+    def chunk_loss(
+        self, policy: Any, batch: Any, idx: torch.Tensor, inputs: UpdateInputs, n_tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The A2C loss of rows ``idx`` as their share of the whole batch's token mean."""
+        cfg = self.cfg
+        mb, tsl, support = minibatch_inputs(batch, idx)
+        with autocast(mb["gen_ids"].device, inputs.autocast_dtype):
+            logits, values = policy.forward_tokens(mb, want_values=True)
+        # Log-probs of the distribution sampled from; the entropy is the full tempered distribution's.
+        logp_all = processed_logprobs(logits, inputs.temperature, support)
+        # Padding columns out before the product: a pad outside the support is -inf, and -inf * 0 = NaN.
+        logp = torch.where(mb["gen_mask"] > 0, gather_logprobs(logp_all, mb["gen_ids"]), 0.0)
+        full = logp_all if support is None else processed_logprobs(logits, inputs.temperature, None)
+        del logits, logp_all
+        with torch.set_grad_enabled(cfg.ent_coef > 0):  # otherwise only a statistic
+            entropy = entropy_from_logprobs(full)
+        del full
+        return a2c_loss(
+            logp,
+            values.float(),
+            entropy,
+            inputs.advantages[idx][:, tsl],
+            inputs.returns[idx][:, tsl],
+            mb["gen_mask"],
+            cfg.vf_coef,
+            cfg.ent_coef,
+            n_tokens,
+        )

@@ -12,20 +12,21 @@ Azar et al. (IPO) and TRL's ``DPOTrainer``:
 
 Each iteration takes ``train.prompts_per_iter`` pairs (the trainer's seeded per-epoch order, so a
 resume continues the same sequence) and makes one optimizer step, accumulating gradients over
-chunks of ``algorithm.minibatch_size`` pairs.
+chunks of ``algorithm.minibatch_size`` pairs. It reads the trainer only through
+:class:`engine.algorithms.base.TrainerView`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from engine import distributed
-from engine.algorithms.base import Algorithm
+from engine.algorithms.base import OfflinePreferenceAlgorithm, TrainerView
+from engine.algorithms.common import backward, clip_and_step
 from engine.registry import algorithms
 
 
@@ -121,16 +122,10 @@ def reference_context(policy: Any, ref_lm: Any | None) -> tuple[Any, Any]:
 
 
 @algorithms.register("dpo", "DPO / IPO: offline preference optimisation on (prompt, chosen, rejected) pairs.")
-class DPO(Algorithm):
-    #: No rollouts: the trainer calls :meth:`offline_iteration` instead of its RL iteration.
-    offline = True
-
+class DPO(OfflinePreferenceAlgorithm):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.dpo = cfg.dpo
-
-    def setup(self, policy: Any) -> None:
-        pass
 
     def pair_logps(
         self,
@@ -159,11 +154,10 @@ class DPO(Algorithm):
         n = len(samples)
         return logps[:n], logps[n:]
 
-    def offline_iteration(self, trainer: Any) -> dict[str, float]:
-        """One optimizer step on the iteration's pairs; emits and returns its metrics."""
-        t0 = time.perf_counter()
+    def offline_iteration(self, trainer: TrainerView) -> dict[str, float]:
+        """One optimizer step on the iteration's pairs; returns its metrics (the trainer logs them)."""
         cfg = trainer.cfg
-        samples = trainer._prompts_for(trainer.iteration)
+        samples = trainer.prompts_for(trainer.iteration)
         lo, hi = distributed.share(len(samples), "train.prompts_per_iter")  # this rank's pairs
         samples = samples[lo:hi]
         for s in samples:
@@ -181,44 +175,30 @@ class DPO(Algorithm):
         for start in range(0, len(samples), chunk):
             part = samples[start : start + chunk]
             args = (policy, trainer.tokenizer, part, cfg.tokenizer.max_prompt_length, trainer.device)
-            with torch.no_grad(), ref_ctx(), trainer._autocast():
+            with torch.no_grad(), ref_ctx(), trainer.autocast():
                 ref_c, ref_r = self.pair_logps(ref_model, *args)
-            with trainer._autocast():
+            with trainer.autocast():
                 pol_c, pol_r = self.pair_logps(policy.lm, *args)
             losses, r_c, r_r = dpo_loss(
                 pol_c, pol_r, ref_c, ref_r, self.dpo.beta, self.dpo.loss_type, self.dpo.label_smoothing
             )
-            loss = losses.sum() / len(samples)  # the step's gradient is that of the mean over all pairs
-            if trainer.scaler is not None:
-                trainer.scaler.scale(loss).backward()
-            else:
-                loss.backward()
+            # the step's gradient is that of the mean over all pairs
+            backward(losses.sum() / len(samples), trainer.scaler)
             parts["loss"].append(losses.detach())
             parts["chosen"].append(r_c)
             parts["rejected"].append(r_r)
         params = [p for p in policy.parameters() if p.requires_grad]
-        distributed.sync_gradients(params)  # DDP's mean over ranks (equal shares: the global mean)
-        if trainer.scaler is not None:
-            trainer.scaler.unscale_(opt)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.algorithm.max_grad_norm)
-        if trainer.scaler is not None:
-            trainer.scaler.step(opt)
-            trainer.scaler.update()
-        else:
-            opt.step()
+        # DDP's mean over ranks (equal shares: the global mean)
+        grad_norm = clip_and_step(params, opt, trainer.scaler, cfg.algorithm.max_grad_norm)
         opt.zero_grad(set_to_none=True)
         losses = distributed.gather_rows(torch.cat(parts["loss"]))
         chosen = distributed.gather_rows(torch.cat(parts["chosen"]))
         rejected = distributed.gather_rows(torch.cat(parts["rejected"]))
-        trainer.iteration += 1
-        metrics = {
+        return {
             "train/loss": float(losses.mean()),
             "rewards/chosen": float(chosen.mean()),
             "rewards/rejected": float(rejected.mean()),
             "rewards/margin": float((chosen - rejected).mean()),
             "rewards/accuracy": float((chosen > rejected).float().mean()),
             "train/grad_norm": float(grad_norm),
-            "time/iteration_s": time.perf_counter() - t0,
         }
-        trainer.events.metrics(trainer.iteration, metrics)
-        return metrics

@@ -26,10 +26,12 @@ from typing import Any
 import torch
 
 from engine import distributed
-from engine.algorithms.base import Algorithm
-from engine.algorithms.ppo import _trim, kl_penalty_rewards, masked_mean, whiten
+from engine.algorithms.base import CriticFreeGroupAlgorithm, UpdateInputs
+from engine.algorithms.common import add_stats, backward, clip_and_step, finite, minibatch_inputs
+from engine.algorithms.ppo import kl_penalty_rewards, masked_mean, whiten
 from engine.kl import kl_estimate
 from engine.models.policy import token_logprobs
+from engine.models.precision import autocast
 from engine.registry import algorithms
 
 #: TRL's epsilon in GRPO's std scaling: a group of equal rewards gets 0 / (0 + 1e-4) = 0, never NaN.
@@ -162,7 +164,7 @@ def _fill_rollout_stats(
         batch.ref_logprobs[idx, cols] = full_lp.detach() * mask
 
 
-class GroupAlgorithm(Algorithm):
+class GroupAlgorithm(CriticFreeGroupAlgorithm):
     """Shared update of the critic-free algorithms; subclasses only compute advantages."""
 
     #: GRPO puts the KL in the loss; RLOO and REINFORCE++ put it in the reward.
@@ -222,22 +224,7 @@ class GroupAlgorithm(Algorithm):
             return torch.zeros_like(batch.gen_mask)
         return kl_estimate(batch.kl_logprobs, batch.ref_logprobs, self.estimator) * batch.gen_mask
 
-    def advantages(self, task_rewards: torch.Tensor, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(advantages (B, T), per-token rewards (B, T)) of a rollout whose rows come in groups of G."""
-        raise NotImplementedError
-
-    def update(
-        self,
-        policy: Any,
-        optimizer: Any,
-        batch: Any,
-        advantages: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-        temperature: float = 1.0,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        **_: Any,
-    ) -> dict[str, float]:
+    def learn(self, policy: Any, optimizer: Any, batch: Any, inputs: UpdateInputs) -> dict[str, float]:
         """``n_epochs`` passes (GRPO's num_iterations) over shuffled minibatches, one step per
         ``grad_accumulation`` minibatches; the ratio is to the rollout's log-probs."""
         cfg, gc = self.cfg, self.cfg.group
@@ -245,17 +232,16 @@ class GroupAlgorithm(Algorithm):
         mb = min(cfg.minibatch_size, n)
         device = batch.gen_ids.device
         params = [p for p in policy.parameters() if p.requires_grad]
-        kl_beta = self.beta if self.kl_in_loss else 0.0
         sums: dict[str, float] = {}
         counts = n_updates = 0
         was_training = policy.training
         policy.eval()  # dropout off: the first pass's ratio is exactly to the distribution sampled from
         # No scoring pass in the rollout (see needs_rollout_scores): one step, old = current, detached.
-        on_policy = not getattr(batch, "policy_scored", True)
+        on_policy = not batch.policy_scored
         if on_policy and self.optimizer_steps(n) != 1:
             raise RuntimeError("a rollout without policy log-probs needs a one-step update")
         for _epoch in range(cfg.n_epochs):
-            perm = torch.randperm(n, generator=generator).to(device)
+            perm = torch.randperm(n, generator=inputs.generator).to(device)
             chunks = list(perm.split(mb))
             for s in range(0, len(chunks), cfg.grad_accumulation):
                 step = chunks[s : s + cfg.grad_accumulation]
@@ -266,66 +252,56 @@ class GroupAlgorithm(Algorithm):
                     denom = float(len(rows))
                 optimizer.zero_grad(set_to_none=True)
                 for idx in step:
-                    inputs, tsl, support = _trim(batch, idx)
-                    with torch.autocast(
-                        device.type,
-                        dtype=autocast_dtype or torch.bfloat16,
-                        enabled=autocast_dtype is not None,
-                    ):
-                        # A group's completions share their prompt: one prompt pass per group.
-                        logits, _ = policy.forward_tokens(
-                            inputs, want_values=False, share_prompts=True, lazy_head=True
-                        )
-                    ids, mask = inputs["gen_ids"], inputs["gen_mask"]
-                    # Ratio on the distribution sampled from; KL on the full tempered one, as the rollout's.
-                    new_lp, full_lp, token_entropy = token_logprobs(logits, ids, temperature, support)
-                    del logits
-                    kl = None
-                    if kl_beta > 0:
-                        kl = kl_estimate(full_lp, batch.ref_logprobs[idx][:, tsl], self.estimator)
-                    entropy = masked_mean(token_entropy, mask)  # a statistic only (no gradient)
-                    if on_policy:
-                        old_lp = new_lp.detach()
-                        _fill_rollout_stats(batch, idx, tsl, new_lp, full_lp, token_entropy, mask)
-                    else:
-                        old_lp = batch.logprobs[idx][:, tsl]
-                    loss, stats = group_policy_loss(
-                        new_lp,
-                        old_lp,
-                        advantages[idx][:, tsl],
-                        mask,
-                        cfg.clip_range,
-                        kl,
-                        kl_beta,
-                        gc.loss_aggregation,
-                        denom,
-                    )
-                    (scaler.scale(loss) if scaler is not None else loss).backward()
-                    stats["loss/total"] = (
-                        loss.detach()
-                        * denom
-                        / (mask.sum().clamp(min=1.0) if gc.loss_aggregation == "token_mean" else len(idx))
-                    )
-                    stats["policy/entropy"] = entropy
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + float(v)
+                    add_stats(sums, self.minibatch_backward(policy, batch, idx, inputs, denom, on_policy))
                     counts += 1
-                distributed.sync_gradients(params)  # DDP's mean over ranks, before unscaling and clipping
-                if scaler is not None:
-                    scaler.unscale_(optimizer)
-                gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                gnorm = clip_and_step(params, optimizer, inputs.scaler, cfg.max_grad_norm)
                 sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + float(gnorm) * len(step)
-                if scaler is not None:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
                 n_updates += 1
         optimizer.zero_grad(set_to_none=True)
         policy.train(was_training)
         out = {k: v / max(counts, 1) for k, v in sums.items()}
         out.update({"policy/n_updates": float(n_updates), "train/kl_coef": self.beta})
-        return {k: (v if math.isfinite(v) else float("nan")) for k, v in out.items()}
+        return finite(out)
+
+    def minibatch_backward(
+        self,
+        policy: Any,
+        batch: Any,
+        idx: torch.Tensor,
+        inputs: UpdateInputs,
+        denom: float | torch.Tensor,
+        on_policy: bool,
+    ) -> dict[str, torch.Tensor]:
+        """The gradient of rows ``idx``'s share of the step's loss (``denom``: the step's tokens or
+        episodes); returns the minibatch's statistics."""
+        gc = self.cfg.group
+        kl_beta = self.beta if self.kl_in_loss else 0.0
+        mb, tsl, support = minibatch_inputs(batch, idx)
+        with autocast(batch.gen_ids.device, inputs.autocast_dtype):
+            # A group's completions share their prompt: one prompt pass per group.
+            logits, _ = policy.forward_tokens(mb, want_values=False, share_prompts=True, lazy_head=True)
+        ids, mask = mb["gen_ids"], mb["gen_mask"]
+        # Ratio on the distribution sampled from; KL on the full tempered one, as the rollout's.
+        new_lp, full_lp, token_entropy = token_logprobs(logits, ids, inputs.temperature, support)
+        del logits
+        kl = None
+        if kl_beta > 0:
+            kl = kl_estimate(full_lp, batch.ref_logprobs[idx][:, tsl], self.estimator)
+        entropy = masked_mean(token_entropy, mask)  # a statistic only (no gradient)
+        if on_policy:
+            old_lp = new_lp.detach()
+            _fill_rollout_stats(batch, idx, tsl, new_lp, full_lp, token_entropy, mask)
+        else:
+            old_lp = batch.logprobs[idx][:, tsl]
+        adv = inputs.advantages[idx][:, tsl]
+        loss, stats = group_policy_loss(
+            new_lp, old_lp, adv, mask, self.cfg.clip_range, kl, kl_beta, gc.loss_aggregation, denom
+        )
+        backward(loss, inputs.scaler)
+        per = mask.sum().clamp(min=1.0) if gc.loss_aggregation == "token_mean" else len(idx)
+        stats["loss/total"] = loss.detach() * denom / per
+        stats["policy/entropy"] = entropy
+        return stats
 
 
 @algorithms.register(

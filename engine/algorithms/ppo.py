@@ -6,13 +6,13 @@ can be checked against hand-computed values.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from engine import distributed
-from engine.algorithms.base import Algorithm
+from engine.algorithms.base import ActorCriticAlgorithm, UpdateInputs
+from engine.algorithms.common import add_stats, backward, clip_and_step, finite, minibatch_inputs
 from engine.models.policy import (
     EosBan,
     entropy_from_logprobs,
@@ -170,28 +170,8 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Ten
     return float(1.0 - masked_var(target - pred, mask) / var_t)
 
 
-def _trim(batch: Any, idx: torch.Tensor) -> tuple[dict[str, torch.Tensor], slice, torch.Tensor | None]:
-    """Minibatch inputs without columns that are padding for every selected episode."""
-    inputs = batch.model_inputs(idx)
-    t_max = max(1, int(inputs["gen_mask"].sum(1).max().item()))
-    pm = inputs["prompt_mask"]
-    used = (pm.sum(0) > 0).nonzero().flatten()  # causal prompts are left padded, encoder prompts right
-    first, last = (int(used.min()), int(used.max()) + 1) if used.numel() else (0, pm.shape[1])
-    inputs = {
-        "prompt_ids": inputs["prompt_ids"][:, first:last],
-        "prompt_mask": pm[:, first:last],
-        "gen_ids": inputs["gen_ids"][:, :t_max],
-        "gen_mask": inputs["gen_mask"][:, :t_max],
-    }
-    support = batch.support[idx][:, :t_max] if isinstance(batch.support, torch.Tensor) else batch.support
-    return inputs, slice(0, t_max), support
-
-
 @algorithms.register("ppo", "Proximal Policy Optimization with a value head and KL-penalised rewards.")
-class PPO(Algorithm):
-    def setup(self, policy: Any) -> None:
-        pass
-
+class PPO(ActorCriticAlgorithm):
     def make_optimizer(self, params: list[Any]) -> Any | None:
         """AdamW with the fused kernel (CPU and CUDA): one pass over the parameters per step instead of a
         chain of foreach ops — with a separate critic that is 270M parameters on each of the 16 steps of
@@ -221,7 +201,7 @@ class PPO(Algorithm):
         autocast_dtype: torch.dtype | None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.cfg
-        inputs, tsl, support = _trim(batch, idx)
+        inputs, tsl, support = minibatch_inputs(batch, idx)
         device = inputs["gen_ids"].device
         # Entropy as a statistic only and no (B, T, V) support mask: the log-probs come straight from
         # the LM head's input (engine/models/head.py), no (B, T, V) temporaries.
@@ -264,19 +244,7 @@ class PPO(Algorithm):
         }
         return loss, stats
 
-    def update(
-        self,
-        policy: Any,
-        optimizer: Any,
-        batch: Any,
-        advantages: torch.Tensor | None = None,
-        returns: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-        temperature: float = 1.0,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        **_: Any,
-    ) -> dict[str, float]:
+    def learn(self, policy: Any, optimizer: Any, batch: Any, inputs: UpdateInputs) -> dict[str, float]:
         """PPO epochs over shuffled minibatches with gradient accumulation and approx-KL early stop."""
         cfg = self.cfg
         n = len(batch)
@@ -288,55 +256,19 @@ class PPO(Algorithm):
         early = False
         policy.train()
         for _epoch in range(cfg.n_epochs):
-            perm = torch.randperm(n, generator=generator)
+            perm = torch.randperm(n, generator=inputs.generator)
             chunks = [perm[i : i + mb] for i in range(0, n, mb)]
-            groups = [
+            steps = [
                 chunks[i : i + cfg.grad_accumulation] for i in range(0, len(chunks), cfg.grad_accumulation)
             ]
-            for group in groups:
-                optimizer.zero_grad(set_to_none=True)
-                stop = False
-                step_adv = advantages
-                if self.whitens_per_minibatch:
-                    # SB3 normalises the advantages of each optimizer step's minibatch; with gradient
-                    # accumulation that is the union of the accumulated minibatches.
-                    rows = torch.cat(group).to(advantages.device)
-                    step_adv = advantages.clone()
-                    step_adv[rows] = normalize_minibatch(advantages[rows], batch.gen_mask[rows])
-                for idx in group:
-                    idx = idx.to(batch.gen_ids.device)
-                    loss, stats = self.minibatch_loss(
-                        policy, batch, idx, step_adv, returns, temperature, autocast_dtype
-                    )
-                    # As SB3: the minibatch that triggers the early stop counts in the statistics
-                    # (its approx_kl is the reason for stopping), but it is not applied.
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + float(v)
-                    counts += 1
-                    # every rank must take the same branch: the decision reads the mean over ranks
-                    approx_kl = distributed.all_mean(stats["policy/approx_kl"]) if cfg.target_kl else 0.0
-                    if cfg.target_kl is not None and approx_kl > 1.5 * cfg.target_kl:
-                        stop = True
-                        break
-                    scaled = loss / len(group)
-                    if scaler is not None:
-                        scaler.scale(scaled).backward()
-                    else:
-                        scaled.backward()
-                if stop:
+            for step in steps:
+                counted, early = self.accumulate(policy, optimizer, batch, step, inputs, sums)
+                counts += counted
+                if early:
                     optimizer.zero_grad(set_to_none=True)
-                    early = True
                     break
-                distributed.sync_gradients(params)
-                if scaler is not None:
-                    scaler.unscale_(optimizer)
-                gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + float(gnorm) * len(group)
-                if scaler is not None:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
+                gnorm = clip_and_step(params, optimizer, inputs.scaler, cfg.max_grad_norm)
+                sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + float(gnorm) * len(step)
                 n_updates += 1
             if early:
                 break
@@ -344,4 +276,39 @@ class PPO(Algorithm):
         out = {k: v / max(counts, 1) for k, v in sums.items()}
         out["policy/n_updates"] = float(n_updates)
         out["policy/early_stopped"] = float(early)
-        return {k: (v if math.isfinite(v) else float("nan")) for k, v in out.items()}
+        return finite(out)
+
+    def accumulate(
+        self,
+        policy: Any,
+        optimizer: Any,
+        batch: Any,
+        step: list[torch.Tensor],
+        inputs: UpdateInputs,
+        sums: dict[str, float],
+    ) -> tuple[int, bool]:
+        """The gradients of one optimizer step's minibatches (``grad_accumulation`` of them), their
+        statistics added to ``sums``; returns (minibatches counted, whether approx-KL stopped the update)."""
+        cfg = self.cfg
+        optimizer.zero_grad(set_to_none=True)
+        advantages = inputs.advantages
+        if self.whitens_per_minibatch:
+            # SB3 normalises the advantages of each optimizer step's minibatch; with gradient
+            # accumulation that is the union of the accumulated minibatches.
+            rows = torch.cat(step).to(advantages.device)
+            advantages = advantages.clone()
+            advantages[rows] = normalize_minibatch(inputs.advantages[rows], batch.gen_mask[rows])
+        for k, idx in enumerate(step):
+            idx = idx.to(batch.gen_ids.device)
+            loss, stats = self.minibatch_loss(
+                policy, batch, idx, advantages, inputs.returns, inputs.temperature, inputs.autocast_dtype
+            )
+            # As SB3: the minibatch that triggers the early stop counts in the statistics
+            # (its approx_kl is the reason for stopping), but it is not applied.
+            add_stats(sums, stats)
+            # every rank must take the same branch: the decision reads the mean over ranks
+            approx_kl = distributed.all_mean(stats["policy/approx_kl"]) if cfg.target_kl else 0.0
+            if cfg.target_kl is not None and approx_kl > 1.5 * cfg.target_kl:
+                return k + 1, True
+            backward(loss / len(step), inputs.scaler)
+        return len(step), False

@@ -11,16 +11,13 @@ from typing import Any
 
 import torch
 
-from engine.algorithms.base import Algorithm
+from engine.algorithms.base import SupervisedAlgorithm
 from engine.registry import algorithms
 
 
 @algorithms.register("sft", "Supervised fine-tuning on the task's references only (no RL).")
-class SFT(Algorithm):
-    is_rl = False
-
-    def setup(self, policy: Any) -> None:
-        pass
+class SFT(SupervisedAlgorithm):
+    """The trainer's supervised phase does the work (``sft_loss`` below); nothing to declare."""
 
 
 def sft_pairs(samples: list[Any]) -> list[tuple[str, str]]:

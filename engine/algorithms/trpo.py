@@ -33,9 +33,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine import distributed
-from engine.algorithms.base import Algorithm
-from engine.algorithms.ppo import _trim, masked_mean
+from engine.algorithms.base import ActorCriticAlgorithm, UpdateInputs
+from engine.algorithms.common import backward, minibatch_inputs
+from engine.algorithms.ppo import masked_mean
 from engine.models.policy import entropy_from_logprobs, gather_logprobs, processed_logprobs
+from engine.models.precision import autocast
 from engine.registry import algorithms
 
 _LOG_ZERO = -1e30  # excluded tokens (-inf) clamp here: p = 0 there, and log p - log q = 0, never NaN
@@ -132,7 +134,7 @@ def _set_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
 @algorithms.register(
     "trpo", "Trust Region Policy Optimization (RL4LMs/SB3-contrib TRPO), critic fitted apart."
 )
-class TRPO(Algorithm):
+class TRPO(ActorCriticAlgorithm):
     def setup(self, policy: Any) -> None:
         if getattr(policy.lm, "is_gradient_checkpointing", False):
             raise ValueError(
@@ -140,34 +142,16 @@ class TRPO(Algorithm):
                 "checkpointing does not support: set model.gradient_checkpointing: false"
             )
 
-    def update(
-        self,
-        policy: Any,
-        optimizer: Any,
-        batch: Any,
-        advantages: torch.Tensor | None = None,
-        returns: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-        temperature: float = 1.0,
-        autocast_dtype: torch.dtype | None = None,
-        scaler: Any | None = None,
-        **_: Any,
-    ) -> dict[str, float]:
+    def learn(self, policy: Any, optimizer: Any, batch: Any, inputs: UpdateInputs) -> dict[str, float]:
         """One natural-gradient policy step, then the critic's regression with the policy fixed."""
-        device = batch.gen_ids.device
-        autocast = {
-            "device_type": device.type,
-            "dtype": autocast_dtype or torch.bfloat16,
-            "enabled": autocast_dtype is not None,
-        }
         actor = [p for p in policy.lm.parameters() if p.requires_grad]
         was_training = policy.training
         policy.eval()  # no dropout: the line search must evaluate the function it linearised
         try:
-            stats = self.policy_step(policy, actor, batch, advantages, temperature, autocast)
-            stats["loss/value"] = self.critic_step(
-                policy, actor, optimizer, batch, returns, generator, autocast, scaler
+            stats = self.policy_step(
+                policy, actor, batch, inputs.advantages, inputs.temperature, inputs.autocast_dtype
             )
+            stats["loss/value"] = self.critic_step(policy, actor, optimizer, batch, inputs)
         finally:
             policy.train(was_training)
         stats["policy/n_updates"] = 1.0
@@ -180,18 +164,18 @@ class TRPO(Algorithm):
         batch: Any,
         advantages: torch.Tensor,
         temperature: float,
-        autocast: dict[str, Any],
+        autocast_dtype: torch.dtype | None,
     ) -> dict[str, float]:
         """Conjugate-gradient direction on the Fisher of the mean KL, then the backtracking line search."""
         t = self.cfg.trpo
         idx = torch.arange(0, len(batch), t.sub_sampling_factor, device=batch.gen_ids.device)
-        inputs, tsl, support = _trim(batch, idx)
+        inputs, tsl, support = minibatch_inputs(batch, idx)
         mask, old_lp, adv = inputs["gen_mask"], batch.logprobs[idx][:, tsl], advantages[idx][:, tsl]
         stats: dict[str, float] = {}
 
         def policy_terms() -> tuple[torch.Tensor, torch.Tensor]:
             """(B, T, V) log-probs of the sampled distribution and the surrogate mean(A * pi / pi_old)."""
-            with sdpa_kernel(SDPBackend.MATH), torch.autocast(**autocast):
+            with sdpa_kernel(SDPBackend.MATH), autocast(inputs["gen_ids"].device, autocast_dtype):
                 logits, _ = policy.forward_tokens(inputs, want_values=False)
             if "policy/entropy" not in stats:  # of the full tempered distribution, as the KL penalty's
                 with torch.no_grad():
@@ -207,21 +191,7 @@ class TRPO(Algorithm):
 
         logp_all, objective = policy_terms()
         old_logp_all = logp_all.detach()
-        # Distributed: the gradient and every Fisher-vector product are averaged over ranks (the
-        # Fisher of the whole batch's mean KL), and the line search reads mean objectives and KLs,
-        # so every rank computes the same direction and accepts the same step.
-        g = _rank_mean_vector(flat_grad(objective, actor, retain_graph=True))
-        grad_kl = flat_grad(mean_kl(logp_all, old_logp_all, mask), actor, create_graph=True)
-
-        def fisher_vector(v: torch.Tensor) -> torch.Tensor:
-            fv = _rank_mean_vector(flat_grad(grad_kl @ v, actor, retain_graph=True))
-            return fv + t.cg_damping * v
-
-        direction = conjugate_gradient(fisher_vector, g, t.cg_max_steps)
-        curvature = float(direction @ fisher_vector(direction))
-        max_step = (
-            math.sqrt(2 * t.target_kl / curvature) if curvature > 0 and math.isfinite(curvature) else 0.0
-        )
+        direction, max_step = self.natural_step(actor, objective, logp_all, old_logp_all, mask)
         before = torch.cat([p.detach().reshape(-1) for p in actor])
 
         def evaluate(fraction: float) -> tuple[float, float]:
@@ -261,16 +231,35 @@ class TRPO(Algorithm):
             **stats,
         }
 
-    def critic_step(
+    def natural_step(
         self,
-        policy: Any,
         actor: list[torch.Tensor],
-        optimizer: Any,
-        batch: Any,
-        returns: torch.Tensor,
-        generator: torch.Generator | None,
-        autocast: dict[str, Any],
-        scaler: Any | None,
+        objective: torch.Tensor,
+        logp_all: torch.Tensor,
+        old_logp_all: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, float]:
+        """(direction ``x ~ F^-1 g``, the largest step ``sqrt(2 target_kl / x.Fx)`` along it).
+
+        Distributed: the gradient and every Fisher-vector product are averaged over ranks (the Fisher
+        of the whole batch's mean KL), so every rank computes the same direction."""
+        t = self.cfg.trpo
+        g = _rank_mean_vector(flat_grad(objective, actor, retain_graph=True))
+        grad_kl = flat_grad(mean_kl(logp_all, old_logp_all, mask), actor, create_graph=True)
+
+        def fisher_vector(v: torch.Tensor) -> torch.Tensor:
+            fv = _rank_mean_vector(flat_grad(grad_kl @ v, actor, retain_graph=True))
+            return fv + t.cg_damping * v
+
+        direction = conjugate_gradient(fisher_vector, g, t.cg_max_steps)
+        curvature = float(direction @ fisher_vector(direction))
+        max_step = (
+            math.sqrt(2 * t.target_kl / curvature) if curvature > 0 and math.isfinite(curvature) else 0.0
+        )
+        return direction, max_step
+
+    def critic_step(
+        self, policy: Any, actor: list[torch.Tensor], optimizer: Any, batch: Any, inputs: UpdateInputs
     ) -> float:
         """``n_critic_updates`` epochs of minibatch MSE(V, R) steps; returns the mean value loss."""
         cfg = self.cfg
@@ -279,18 +268,18 @@ class TRPO(Algorithm):
             p.requires_grad_(False)  # no graph through the actor: a shared trunk stays as it is
         try:
             for _epoch in range(cfg.trpo.n_critic_updates):
-                perm = torch.randperm(len(batch), generator=generator).to(batch.gen_ids.device)
+                perm = torch.randperm(len(batch), generator=inputs.generator).to(batch.gen_ids.device)
                 for chunk in perm.split(cfg.minibatch_size):
-                    inputs, tsl, _ = _trim(batch, chunk)
-                    with torch.autocast(**autocast):
-                        _, values = policy.forward_tokens(inputs, want_values=True)
-                    loss = masked_mean((values.float() - returns[chunk][:, tsl]) ** 2, inputs["gen_mask"])
+                    mb, tsl, _ = minibatch_inputs(batch, chunk)
+                    with autocast(mb["gen_ids"].device, inputs.autocast_dtype):
+                        _, values = policy.forward_tokens(mb, want_values=True)
+                    loss = masked_mean((values.float() - inputs.returns[chunk][:, tsl]) ** 2, mb["gen_mask"])
                     optimizer.zero_grad(set_to_none=True)
-                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                    backward(loss, inputs.scaler)
                     distributed.sync_gradients([p for p in policy.parameters() if p.requires_grad])
-                    if scaler is not None:
-                        scaler.step(optimizer)
-                        scaler.update()
+                    if inputs.scaler is not None:
+                        inputs.scaler.step(optimizer)
+                        inputs.scaler.update()
                     else:
                         optimizer.step()
                     losses.append(float(loss.detach()))
