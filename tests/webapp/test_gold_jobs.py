@@ -124,6 +124,24 @@ def test_reference_runs_and_runs_without_evaluations_are_refused(runs_dir: Path,
         gold_jobs.start_gold_job(run, spec, label, enqueue=False)
 
 
+@pytest.mark.django_db
+def test_a_label_is_free_again_only_after_a_job_that_stored_nothing(runs_dir: Path) -> None:
+    from webapp.runs import gold_jobs
+    from webapp.runs.models import Artifact
+
+    run = _run_with_evaluations(runs_dir)
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "again")
+    first = gold_jobs.start_gold_job(run, spec, label, enqueue=False)
+    with pytest.raises(gold_jobs.GoldJobError, match="already has a gold named 'again'"):
+        gold_jobs.start_gold_job(run, spec, label, enqueue=False)  # queued
+    Artifact.objects.filter(pk=first.pk).update(meta={**first.meta, "status": "failed", "done": 2})
+    with pytest.raises(gold_jobs.GoldJobError, match="already has a gold named 'again'"):
+        gold_jobs.start_gold_job(run, spec, label, enqueue=False)  # failed after storing points
+    Artifact.objects.filter(pk=first.pk).update(meta={**first.meta, "status": "failed", "done": 0})
+    second = gold_jobs.start_gold_job(run, spec, label, enqueue=False)
+    assert list(Artifact.objects.filter(run=run, kind="gold-job").values_list("pk", flat=True)) == [second.pk]
+
+
 def test_roles_every_new_endpoint(annotator_client: Any, researcher: Any, db: Any) -> None:
     from django.test import Client
 

@@ -179,8 +179,14 @@ def start_gold_job(
         )
     with transaction.atomic():
         Run.objects.select_for_update().filter(pk=run.pk).first()  # one job creation at a time per run
-        if Artifact.objects.filter(run_id=run.pk, kind=GOLD_KIND, name=label).exists():
-            raise GoldJobError("label", f"this run already has a gold named {label!r}; choose another label")
+        existing = Artifact.objects.filter(run_id=run.pk, kind=GOLD_KIND, name=label).first()
+        if existing is not None:
+            m = existing.meta or {}
+            if m.get("status") != "failed" or m.get("done"):
+                raise GoldJobError(
+                    "label", f"this run already has a gold named {label!r}; choose another label"
+                )
+            existing.delete()  # failed before storing any point: the label is free again
         task_id = uuid.uuid4().hex
         job = Artifact.objects.create(
             run=run, name=label, kind=GOLD_KIND, path="",
