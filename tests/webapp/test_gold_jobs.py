@@ -42,6 +42,8 @@ def _run_with_evaluations(runs_dir: Path, name: str = "vader run") -> Any:
             )
     # the final evaluation logs every prompt; only the ids every step has are scored
     Sample.objects.create(run=run, step=30, split="validation", sample_id="7", prompt="p7", generation="9 9")
+    # another split with the same ids (other prompts): never mixed into the evaluation split's pairs
+    Sample.objects.create(run=run, step=30, split="test", sample_id="0", prompt="other", generation="9 9 9")
     points = []
     for k, step in enumerate(STEPS):
         points += [("eval/reward_mean", step, 0.1 * (k + 1)), ("train/kl_episode", step, step / 10)]

@@ -305,21 +305,38 @@ def eval_steps(run_id: int) -> list[int]:
     )
 
 
-def paired_samples(run_id: int) -> dict[int, list[Sample]]:
-    """Each evaluation step's generations of the prompts every step has (by sample id), in sample-id
-    order, so step means differ by the policy only; without common ids, each step's own samples."""
+def eval_split(run: Run) -> str | None:
+    """The evaluation split to score: the run's ``eval.split`` when it stored samples of it, else the
+    non-training split logged at the most steps (an imported run may name its splits otherwise)."""
+    counts: dict[str, set[int]] = defaultdict(set)
+    for split, step in (
+        Sample.objects.filter(run_id=run.pk).exclude(split="train").values_list("split", "step")
+    ):
+        counts[split].add(int(step))
+    configured = ((run.config or {}).get("eval") or {}).get("split")
+    if configured in counts:
+        return str(configured)
+    return max(sorted(counts), key=lambda sp: len(counts[sp]), default=None)
+
+
+def paired_samples(run: Run) -> dict[int, list[Sample]]:
+    """Each evaluation step's generations of the prompts every step has (same sample id and the same
+    prompt text at every step), in sample-id order, so step means differ by the policy only; without
+    such common prompts, each step's own samples."""
+    split = eval_split(run)
     by_step: dict[int, dict[str, Sample]] = defaultdict(dict)
     loose: dict[int, list[Sample]] = defaultdict(list)
-    for s in Sample.objects.filter(run_id=run_id).exclude(split="train").order_by("step", "id"):
-        loose[s.step].append(s)
+    for s in Sample.objects.filter(run_id=run.pk, split=split).order_by("step", "id"):
+        loose[int(s.step)].append(s)
         if s.sample_id:
-            by_step[s.step].setdefault(s.sample_id, s)
+            by_step[int(s.step)].setdefault(s.sample_id, s)
     steps = sorted(loose)
     common = (
         set.intersection(*(set(by_step[s]) for s in steps))
         if steps and all(by_step[s] for s in steps)
         else set()
     )
+    common = {i for i in common if len({by_step[s][i].prompt for s in steps}) == 1}
     if common:
         order = sorted(common, key=lambda i: (0, int(i), "") if i.isdigit() else (1, 0, i))
         return {s: [by_step[s][i] for i in order] for s in steps}
@@ -335,7 +352,7 @@ def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
     if job is None:
         return {"id": job_id, "status": "not claimed"}
     meta = job.meta
-    per_step = paired_samples(job.run_id)
+    per_step = paired_samples(Run.objects.get(pk=job.run_id))
     _update(job_id, task_id, total=len(per_step), done=0)
     try:
         metric = GoldReward(reward=meta["spec"])
