@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import parse_config
+from engine.models.loading import detect_kind, load_lm, load_tokenizer, resolve_model_path
 
 __all__ = ["CheckpointExportError", "export_checkpoint"]
 
@@ -39,8 +40,6 @@ def export_checkpoint(config: Mapping[str, Any], checkpoint_dir: str | Path, out
     checkpoint's policy as a Hugging Face model; returns it."""
     import torch
     from safetensors.torch import save_file
-
-    from engine.models.loading import detect_kind, load_lm, load_tokenizer, resolve_model_path
 
     cfg = parse_config(dict(config))
     if cfg.model.lora.enabled:
