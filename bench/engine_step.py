@@ -300,6 +300,7 @@ def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
 
     prompts = imdb_reference_prompts()
     cfg = ppo_imdb_config(smollm2_path(), args.device, args.value_head, args.precision, args.top_k)
+    cfg["resources"] = {"retain_freed_memory": not args.default_malloc}
     run = engine_setup(cfg, 0.05, prompts=prompts)
     print("ppo-imdb warm-up", run(epochs=1), flush=True)
     if args.profile:
@@ -315,6 +316,7 @@ def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
         "value_head": args.value_head,
         "precision": args.precision,
         "top_k": args.top_k,
+        "default_malloc": args.default_malloc,
         "all_iteration_s": [round(r["iteration_s"], 2) for r in rows],
     }
 
@@ -526,7 +528,7 @@ def main() -> None:
     ap.add_argument(
         "--default-malloc",
         action="store_true",
-        help="GRPO: resources.retain_freed_memory false (glibc returns big blocks to the kernel, as before)",
+        help="GRPO, --ppo-imdb: resources.retain_freed_memory false (glibc returns big blocks to the kernel)",
     )
     args = ap.parse_args()
     if args.threads:

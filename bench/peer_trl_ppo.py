@@ -42,7 +42,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--iterations", type=int, default=2, help="timed iterations after one warm-up")
+    ap.add_argument(
+        "--iterations", type=int, default=2, help="timed iterations after one warm-up (0: warm-up only)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bf16", action="store_true", help="TRL's bf16 flag (autocast); fp32 otherwise")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -183,7 +185,8 @@ def main() -> None:
         )
         trainer.train()
     timed = clock.rows[1:]
-    best = min(timed, key=lambda r: r["iteration_s"])
+    # --iterations 0: the warm-up alone (its peak RSS and CPU seconds, when a machine is too loaded for more)
+    best = min(timed, key=lambda r: r["iteration_s"]) if timed else None
     out = {
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__}, threads "
         f"{torch.get_num_threads()}",
