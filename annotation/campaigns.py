@@ -291,6 +291,24 @@ def describe_match(report: dict[str, Any], labels: dict[str, str] | None = None)
     return text + "."
 
 
+def _runs_and_samples(run_ids: list[int], split: str | None) -> tuple[dict[int, Run], dict[int, list[Any]]]:
+    """The runs by id and each one's latest evaluation samples; an unknown run or one without
+    samples is an error that names it."""
+    runs = {r.pk: r for r in Run.objects.filter(pk__in=run_ids)}
+    missing = [r for r in run_ids if r not in runs]
+    if missing:
+        raise AnnotationError(f"unknown run ids: {missing}")
+    per_run = {}
+    for rid in run_ids:
+        samples = latest_eval_samples(runs[rid], split)
+        if not samples:
+            raise AnnotationError(
+                f"run #{rid} ({runs[rid].name}) has no samples{' in split ' + split if split else ''}"
+            )
+        per_run[rid] = samples
+    return runs, per_run
+
+
 @transaction.atomic
 def create_campaign_from_runs(
     name: str,
@@ -314,18 +332,7 @@ def create_campaign_from_runs(
     if len(run_ids) < min_runs:
         raise AnnotationError(f"choose at least {min_runs} runs for a {kind} campaign")
     check_systems_cap(len(run_ids))
-    runs = {r.pk: r for r in Run.objects.filter(pk__in=run_ids)}
-    missing = [r for r in run_ids if r not in runs]
-    if missing:
-        raise AnnotationError(f"unknown run ids: {missing}")
-    per_run = {}
-    for rid in run_ids:
-        samples = latest_eval_samples(runs[rid], split)
-        if not samples:
-            raise AnnotationError(
-                f"run #{rid} ({runs[rid].name}) has no samples{' in split ' + split if split else ''}"
-            )
-        per_run[rid] = samples
+    runs, per_run = _runs_and_samples(run_ids, split)
     groups, report = match_samples(per_run)
     if not groups:
         raise AnnotationError(

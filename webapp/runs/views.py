@@ -307,6 +307,72 @@ def run_placement(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse({"status": run.status, "reason": workers.unservable_reason(found, run.config)})
 
 
+def _launch_form_page(request: HttpRequest, cloned_from: Run | None) -> HttpResponse:
+    """The launch page as first opened: from a preset, a clone, an app's launch source (e.g. a DPO
+    campaign) or the defaults; a bad preset or clone link says so above the form."""
+    initial: dict[str, Any] | None = None
+    preset = request.GET.get("preset", "")
+    reward_choice = request.GET.get("reward", "")
+    errors: list[str] = []
+    meta_initial: dict[str, Any] = {}
+    if preset:
+        known = [p["name"] for p in list_presets()]
+        if preset not in known:
+            # The engine's message lists all ~170 names; the menu beside the form already does.
+            close = difflib.get_close_matches(preset, known, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else " Choose one from the preset menu."
+            errors.append(f"Unknown preset “{preset}”.{hint}")
+        else:
+            try:
+                initial = load_preset(preset)
+            except ConfigError as exc:
+                errors.append(str(exc))
+    elif request.GET.get("clone") and cloned_from is None:
+        errors.append(
+            f"There is no run #{request.GET['clone']} to clone (deleted, or a mistyped link): "
+            "the form below starts from the defaults."
+        )
+    elif cloned_from is not None:
+        initial = dict(cloned_from.config)
+        initial["name"] = f"{cloned_from.name} (clone)"
+        meta_initial = {"tags": ", ".join(cloned_from.tags), "notes": cloned_from.notes}
+    elif (source := extensions.launch_source(request)) is not None:
+        try:  # e.g. ?dpo_campaign=<id>: the server builds the config from the id
+            initial = source[0](request, source[1])
+        except ValueError as exc:
+            errors.append(str(exc))
+    form = RunConfigForm(initial_config=initial, reward_choice=reward_choice)
+    yaml_form = YamlConfigForm(initial={"config_yaml": dump_yaml(form.initial_config)})
+    ctx = _launch_context(
+        request, form, RunMetaForm(initial=meta_initial), yaml_form, "form", cloned_from, preset, errors
+    )
+    return render(request, "runs/launch.html", ctx)
+
+
+def _sweep_page_from(request: HttpRequest) -> HttpResponse:
+    """The new-sweep page with the launch page's config (form or YAML view) as the sweep's base."""
+    if "config_yaml" in request.POST:  # from the YAML view
+        try:
+            config = load_yaml_text(request.POST["config_yaml"]) or {}
+        except ValidationError as exc:
+            config, sweep_error = {}, " ".join(exc.messages)
+        else:
+            sweep_error = ""
+    else:
+        config, sweep_error = RunConfigForm(request.POST).loose_config_dict(), ""
+    if not isinstance(config, dict):
+        config, sweep_error = {}, "the config must be a YAML mapping"
+    return render(
+        request,
+        "runs/sweep_new.html",
+        {
+            "sweep_yaml": sweeps.sweep_text_for(config, dump_yaml) if config else sweeps.EXAMPLE,
+            "error": sweep_error,
+            "max_runs": sweeps.MAX_RUNS,
+        },
+    )
+
+
 @researcher_required
 @require_http_methods(["GET", "POST"])
 def launch(request: HttpRequest) -> HttpResponse:
@@ -317,44 +383,7 @@ def launch(request: HttpRequest) -> HttpResponse:
     into the form, errors on the fields)."""
     cloned_from = _cloned_from(request)
     if request.method == "GET":
-        initial: dict[str, Any] | None = None
-        preset = request.GET.get("preset", "")
-        reward_choice = request.GET.get("reward", "")
-        errors: list[str] = []
-        meta_initial: dict[str, Any] = {}
-        if preset:
-            known = [p["name"] for p in list_presets()]
-            if preset not in known:
-                # The engine's message lists all ~170 names; the menu beside the form already does.
-                close = difflib.get_close_matches(preset, known, n=3)
-                hint = f" Did you mean {', '.join(close)}?" if close else " Choose one from the preset menu."
-                errors.append(f"Unknown preset “{preset}”.{hint}")
-            else:
-                try:
-                    initial = load_preset(preset)
-                except ConfigError as exc:
-                    errors.append(str(exc))
-        elif request.GET.get("clone") and cloned_from is None:
-            errors.append(
-                f"There is no run #{request.GET['clone']} to clone (deleted, or a mistyped link): "
-                "the form below starts from the defaults."
-            )
-        elif cloned_from is not None:
-            initial = dict(cloned_from.config)
-            initial["name"] = f"{cloned_from.name} (clone)"
-            meta_initial = {"tags": ", ".join(cloned_from.tags), "notes": cloned_from.notes}
-        elif (source := extensions.launch_source(request)) is not None:
-            try:  # e.g. ?dpo_campaign=<id>: the server builds the config from the id
-                initial = source[0](request, source[1])
-            except ValueError as exc:
-                errors.append(str(exc))
-        form = RunConfigForm(initial_config=initial, reward_choice=reward_choice)
-        yaml_form = YamlConfigForm(initial={"config_yaml": dump_yaml(form.initial_config)})
-        ctx = _launch_context(
-            request, form, RunMetaForm(initial=meta_initial), yaml_form, "form", cloned_from, preset, errors
-        )
-        return render(request, "runs/launch.html", ctx)
-
+        return _launch_form_page(request, cloned_from)
     action = request.POST.get("action", "launch")
     meta = RunMetaForm(request.POST)
 
@@ -365,26 +394,7 @@ def launch(request: HttpRequest) -> HttpResponse:
         return render(request, "runs/launch.html", ctx)
 
     if action == "to_sweep":  # the sweep page, opened with this config as its base
-        if "config_yaml" in request.POST:  # from the YAML view
-            try:
-                config = load_yaml_text(request.POST["config_yaml"]) or {}
-            except ValidationError as exc:
-                config, sweep_error = {}, " ".join(exc.messages)
-            else:
-                sweep_error = ""
-        else:
-            config, sweep_error = RunConfigForm(request.POST).loose_config_dict(), ""
-        if not isinstance(config, dict):
-            config, sweep_error = {}, "the config must be a YAML mapping"
-        return render(
-            request,
-            "runs/sweep_new.html",
-            {
-                "sweep_yaml": sweeps.sweep_text_for(config, dump_yaml) if config else sweeps.EXAMPLE,
-                "error": sweep_error,
-                "max_runs": sweeps.MAX_RUNS,
-            },
-        )
+        return _sweep_page_from(request)
 
     if action in ("to_form", "launch_yaml"):
         yaml_form = YamlConfigForm(request.POST)
