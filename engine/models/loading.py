@@ -142,10 +142,6 @@ def load_lm(path: str, kind: str, revision: str | None = None) -> Any:
     from engine.models.attention import use_fp32_attention_backward
 
     use_fp32_attention_backward(model)
-    # Llama-style MLPs keep one (tokens x intermediate) activation less for the backward (same numbers)
-    from engine.models.mlp import use_lean_swiglu
-
-    use_lean_swiglu(model)
     return model
 
 

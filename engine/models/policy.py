@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from engine.models.head import HeadLogits, head_logits_at, head_logsumexp, plain_head_weight
-from engine.models.offload import frozen_file_copy, release_offloaded
 
 
 def hidden_size_of(lm: Any) -> int:
@@ -335,13 +334,7 @@ class ActorCritic(nn.Module):
         lazy_head: bool = False,
     ):
         """Logits (B, T, V) for the generated tokens and values (B, T) of the states that chose them.
-        ``share_prompts``, ``lazy_head``: see :func:`lm_forward`.
-
-        A forward with gradients (an update) first drops the pages of file-backed frozen models (the
-        reference: :mod:`engine.models.offload`) from the process: they are not read until the next
-        scoring pass, and the update is where the process reaches its peak."""
-        if torch.is_grad_enabled():
-            release_offloaded()
+        ``share_prompts``, ``lazy_head``: see :func:`lm_forward`."""
         shared = want_values and self.critic is None
         logits, hidden = lm_forward(
             self.lm,
@@ -381,12 +374,8 @@ class ActorCritic(nn.Module):
 
 
 def frozen_copy(lm: Any) -> Any:
-    """A frozen, gradient-free copy used as reference or masking policy. On the CPU its weights are a
-    file mapping (:func:`engine.models.offload.frozen_file_copy`): resident while it runs, released
-    from the process when an update starts; the same bytes either way."""
-    ref = frozen_file_copy(lm)
-    if ref is None:
-        ref = copy.deepcopy(lm)
+    """A frozen, gradient-free copy used as reference or masking policy."""
+    ref = copy.deepcopy(lm)
     ref.eval()
     for p in ref.parameters():
         p.requires_grad_(False)
