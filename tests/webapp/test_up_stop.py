@@ -71,7 +71,9 @@ def test_stopping_up_during_a_run_interrupts_it_resumably_and_the_next_up_resume
     try:
         _wait_up(proc, out, wait_for)
         token = _api_token(_session(port), port)
-        client = Client(f"http://127.0.0.1:{port}", token, timeout=120)  # a cold first launch on a busy machine
+        client = Client(
+            f"http://127.0.0.1:{port}", token, timeout=120
+        )  # a cold first launch on a busy machine
         run_id = client.create_run(tiny_run_config(2000, "stop-me", save_every=0), launch=True)["id"]
         wait_for(
             lambda: (client.run(run_id)["current_iter"] or 0) >= 3, timeout=600, interval=0.5,
