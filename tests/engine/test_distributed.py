@@ -157,7 +157,7 @@ def test_two_ranks_match_one_rank_and_a_killed_rank_resumes(tmp_path: Path, wait
                 continue
             got = resumed[step][key]
             assert _close(value, got), f"iteration {step} {key}: 1 rank {value} vs 2 ranks {got}"
-    assert reference[N_REF]["train/kl"] > 0  # the policy moved: the comparison is not of constants
+    assert reference[N_REF]["train/kl"] != 0  # the policy moved (k1 can be negative): not constants
 
 
 def test_sampling_noise_makes_episodes_independent_of_chunking(make_policy: Any) -> None:
@@ -267,7 +267,7 @@ def test_fsdp_two_ranks_match_one_rank_and_resume(tmp_path: Path) -> None:
                 continue
             got = resumed[step][key]
             assert _close(value, got), f"iteration {step} {key}: 1 rank {value} vs 2 FSDP ranks {got}"
-    assert reference[FSDP_ITERS]["train/kl"] > 0
+    assert reference[FSDP_ITERS]["train/kl"] != 0  # k1 can be negative
 
 
 @pytest.mark.parametrize("algorithm", ["trpo", "nlpo"])
