@@ -415,30 +415,28 @@ def run_export_job(job_id: int, task_id: str) -> dict[str, Any]:
     return {"id": job_id, "status": "succeeded"}
 
 
-@shared_task(name=GOLD_TASK, ignore_result=True)
-def score_gold(job_id: int, task_id: str) -> dict[str, Any]:
+def _as_task(kind: str, run: Any, job_id: int, task_id: str) -> dict[str, Any]:
+    """A worker's job with fresh database connections; an unexpected error marks the job failed with
+    its reason (so the page stops polling) and is re-raised for the worker's log."""
     close_old_connections()
     try:
-        return run_gold_job(job_id, task_id)
+        return run(job_id, task_id)
     except Exception as exc:
-        log.exception("gold job %s failed", job_id)
+        log.exception("%s job %s failed", kind, job_id)
         _update(job_id, task_id, status="failed", error=f"{type(exc).__name__}: {exc}")
         raise
     finally:
         close_old_connections()
+
+
+@shared_task(name=GOLD_TASK, ignore_result=True)
+def score_gold(job_id: int, task_id: str) -> dict[str, Any]:
+    return _as_task("gold", run_gold_job, job_id, task_id)
 
 
 @shared_task(name=EXPORT_TASK, ignore_result=True)
 def export_checkpoint(job_id: int, task_id: str) -> dict[str, Any]:
-    close_old_connections()
-    try:
-        return run_export_job(job_id, task_id)
-    except Exception as exc:
-        log.exception("export job %s failed", job_id)
-        _update(job_id, task_id, status="failed", error=f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
-        close_old_connections()
+    return _as_task("export", run_export_job, job_id, task_id)
 
 
 # ------------------------------------------------------------------------------ launch from a checkpoint
