@@ -179,6 +179,12 @@ class RewardConfig(Strict):
         description="With include_prompt: the reward minus the score of the prompt alone (a per-prompt "
         "baseline: same optimal policy and expected gradient, less variance).",
     )
+    transform: Literal["identity", "logit"] = Field(
+        "identity",
+        description="'logit': score in log-odds, log(p / (1 - p)), for a reward that is a probability "
+        "(a classifier's P(positive)); applied before subtract_prompt_score. RL4LMs scores the "
+        "probability itself (identity).",
+    )
 
     @model_validator(mode="after")
     def _check_prompt_baseline(self) -> RewardConfig:

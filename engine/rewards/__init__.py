@@ -113,6 +113,36 @@ class _WithPrompt:
         return self.fn(prompts, [p + g for p, g in zip(prompts, generations)], references, meta)
 
 
+class _LogOdds:
+    """``log(p / (1 - p))`` of a reward that is a probability.
+
+    Why: a classifier's probability saturates. IMDB prompts are mostly clearly positive or negative
+    reviews, whose P(positive) sits near 0 or 1 whatever the continuation says, so the same change in
+    the text moves the reward a hundredth of what it does for a neutral prompt. In log-odds (for a
+    logistic classifier, its linear score) a change counts the same wherever the prompt starts.
+    Probabilities are clamped to [1e-6, 1 - 1e-6] (log-odds within ±13.8)."""
+
+    EPS = 1e-6
+
+    def __init__(self, fn: Any, name: str):
+        self.fn = fn
+        self.name = name
+
+    def __call__(self, prompts, generations, references, meta) -> list[float]:
+        values = call_reward(self.fn, prompts, generations, references, meta, name=self.name)
+        bad = [i for i, v in enumerate(values) if not 0.0 <= v <= 1.0]
+        if bad:
+            raise RewardError(
+                f"{self.name}: reward.transform 'logit' needs probabilities in [0, 1]; got "
+                f"{values[bad[0]]!r} at position {bad[0]}"
+            )
+        out = []
+        for v in values:
+            p = min(max(v, self.EPS), 1.0 - self.EPS)
+            out.append(math.log(p / (1.0 - p)))
+        return out
+
+
 class _MinusPromptScore:
     """``score(prompt + generation) − score(prompt)``: a baseline that depends on the prompt alone.
 
@@ -167,6 +197,8 @@ def build_reward(cfg: Any) -> RewardFn:
         if cfg.components:
             raise RewardError(f"reward.components is only used with id 'weighted_sum' (got id {cfg.id!r})")
         fn = construct(cfg.id, dict(cfg.args))
+    if cfg.transform == "logit":
+        fn = _LogOdds(fn, f"reward {cfg.id!r}")
     if cfg.subtract_prompt_score:
         fn = _MinusPromptScore(fn)
     elif cfg.include_prompt:

@@ -71,6 +71,34 @@ def test_subtract_prompt_score_is_a_per_prompt_baseline_scored_once_per_prompt()
         RewardConfig(id="test_char_count", subtract_prompt_score=True)
 
 
+class FixedProbability:
+    """Returns the probability written in the scored text ('0.8' scores 0.8): log-odds by hand."""
+
+    def __call__(self, prompts, generations, references, meta):
+        return [float(g.split()[-1]) for g in generations]
+
+
+if "test_fixed_probability" not in rewards.ids():
+    rewards.register("test_fixed_probability")(FixedProbability)
+
+
+def test_logit_transform_gives_log_odds_before_the_prompt_baseline():
+    """transform 'logit': log(p / (1 - p)), clamped at 1e-6; with subtract_prompt_score it is the
+    difference of the two log-odds, not the log-odds of the difference."""
+    got = call({"id": "test_fixed_probability", "transform": "logit"}, ["0.5", "0.8", "0.2", "1", "0"])
+    assert got[:3] == pytest.approx([0.0, math.log(4.0), -math.log(4.0)])
+    assert got[3] == pytest.approx(math.log((1 - 1e-6) / 1e-6)) and got[4] == pytest.approx(-got[3])
+    cfg = {"id": "test_fixed_probability", "include_prompt": True, "subtract_prompt_score": True}
+    # prompt "0.9", prompt + generation "0.9 0.99": 0.99 - 0.9 in probability, logit(0.99) - logit(0.9).
+    assert call(cfg, [" 0.99"], prompts=["0.9"]) == pytest.approx([0.09])
+    logit = call({**cfg, "transform": "logit"}, [" 0.99"], prompts=["0.9"])
+    assert logit == pytest.approx([math.log(99.0) - math.log(9.0)])
+    with pytest.raises(RewardError, match=r"'test_fixed_probability'.*probabilities in \[0, 1\].*1.5"):
+        call({"id": "test_fixed_probability", "transform": "logit"}, ["0.5", "1.5"])
+    with pytest.raises(ValueError, match="transform"):
+        RewardConfig(id="sentiment", transform="log")
+
+
 def test_weighted_sum_hand_checked():
     # common_gen_repeat_penalty: -1 for copying the concept list; ter: 1 - edits/ref words.
     cfg = RewardConfig(
