@@ -7,6 +7,7 @@ can only select code that the installation registered on purpose.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -84,24 +85,36 @@ algorithms: Registry[Any] = Registry("algorithm")
 kl_controllers: Registry[Any] = Registry("kl_controller")
 
 _loaded = False
+_loading = False
+_load_lock = threading.RLock()
 
 
 def _ensure_builtins() -> None:
-    """Import the built-in component modules once, so their decorators run before a lookup."""
-    global _loaded
+    """Import the built-in component modules once, so their decorators run before a lookup.
+
+    Thread-safe: the web server's first requests arrive together, and a lookup made while another
+    thread was still importing used to see a half-filled (or empty) registry ("unknown algorithm id
+    'ppo'; registered: "). A lookup from inside those imports (same thread) returns at once."""
+    global _loaded, _loading
     if _loaded:
         return
-    _loaded = True
-
-    for mod in (
-        "engine.data",
-        "engine.rewards",
-        "engine.metrics",
-        "engine.algorithms",
-        "engine.kl",
-    ):
+    with _load_lock:
+        if _loaded or _loading:
+            return
+        _loading = True
         try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:  # a module still being written must not hide the others
-            if exc.name != mod:
-                raise
+            for mod in (
+                "engine.data",
+                "engine.rewards",
+                "engine.metrics",
+                "engine.algorithms",
+                "engine.kl",
+            ):
+                try:
+                    importlib.import_module(mod)
+                except ModuleNotFoundError as exc:  # a module still being written must not hide the others
+                    if exc.name != mod:
+                        raise
+            _loaded = True
+        finally:
+            _loading = False
