@@ -28,7 +28,11 @@ print(json.dumps(seen))
 
 def test_concurrent_first_lookups_all_see_the_builtins():
     out = subprocess.run(
-        [sys.executable, "-c", _CONCURRENT_FIRST_LOOKUPS], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _CONCURRENT_FIRST_LOOKUPS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
