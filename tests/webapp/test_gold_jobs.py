@@ -153,6 +153,7 @@ def test_roles_every_new_endpoint(annotator_client: Any, researcher: Any, db: An
     urls = [
         ("post", f"/runs/{run.pk}/gold/"),
         ("get", f"/runs/{run.pk}/gold/jobs.json"),
+        ("post", f"/runs/{run.pk}/gold/jobs/1/cancel/"),
         ("post", f"/runs/{run.pk}/checkpoints/10/export/"),
         ("get", f"/runs/{run.pk}/checkpoints/10/model.tar.gz"),
         ("get", f"/launch/?checkpoint={run.pk}:10"),
@@ -313,3 +314,118 @@ def test_export_of_a_checkpoint_outside_the_roots_is_refused(researcher: Any, tm
     assert err.value.field == "step" and "outside the allowed directories" in err.value.message
     with pytest.raises(gold_jobs.GoldJobError, match="no saved checkpoint at step 6"):
         gold_jobs.start_export_job(run, 6, enqueue=False)
+
+
+# ------------------------------------------------------------------------------------------ cancel
+
+
+@pytest.mark.django_db
+def test_cancel_a_queued_gold_job_and_the_refusals(researcher_client: Any, runs_dir: Path) -> None:
+    from webapp.runs import gold_jobs
+    from webapp.runs.models import Artifact
+
+    run = _run_with_evaluations(runs_dir)
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "queued")
+    job = gold_jobs.start_gold_job(run, spec, label, enqueue=False)
+    page = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    url = f"/runs/{run.pk}/gold/jobs/{job.pk}/cancel/"
+    assert f'action="{url}" class="inline gold-cancel-form" data-job-name="queued"' in page
+
+    r = researcher_client.post(url, follow=True)
+    assert "Gold &#x27;queued&#x27; cancelled before it started." in r.content.decode()
+    job.refresh_from_db()
+    assert job.meta["status"] == "cancelled" and job.meta["finished"]
+    assert 'class="inline gold-cancel-form"' not in r.content.decode()  # no button on an ended job
+    # the worker never takes a cancelled job
+    assert gold_jobs.run_gold_job(job.pk, job.meta["task_id"])["status"] == "not claimed"
+    r = researcher_client.post(url, follow=True)
+    assert (
+        "Not cancelled: job: gold job &#x27;queued&#x27; has already ended (cancelled); only a queued or "
+        "running job can be cancelled" in r.content.decode()
+    )
+    # it stored nothing: its label is free again
+    again = gold_jobs.start_gold_job(run, spec, label, enqueue=False)
+    assert not Artifact.objects.filter(pk=job.pk).exists()
+    assert gold_jobs.run_gold_job(again.pk, again.meta["task_id"])["status"] == "succeeded"
+    with pytest.raises(gold_jobs.GoldJobError, match=r"has already ended \(succeeded\)") as err:
+        gold_jobs.cancel_gold_job(run, again.pk)
+    assert err.value.field == "job"
+    with pytest.raises(gold_jobs.GoldJobError, match=f"run #{run.pk} has no gold job #999999"):
+        gold_jobs.cancel_gold_job(run, 999999)
+
+
+@pytest.mark.django_db
+def test_a_job_cancelled_while_running_stops_before_the_next_step(
+    runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's own function, with the cancel landing between two steps (the moment is the
+    test's): the steps scored are kept, the job ends cancelled, a second cancel is refused."""
+    from webapp.runs import gold_jobs, ingest
+    from webapp.runs.models import Artifact, MetricPoint
+
+    run = _run_with_evaluations(runs_dir)
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "stopped")
+    job = gold_jobs.start_gold_job(run, spec, label, enqueue=False)
+    real_ingest = ingest.ingest_metrics
+    calls = []
+
+    def ingest_then_cancel(run_id: int, points: Any, **kw: Any) -> Any:
+        out = real_ingest(run_id, points, **kw)
+        calls.append(points[0][1])
+        if len(calls) == 2:  # the second step is stored: a researcher cancels now
+            assert gold_jobs.cancel_gold_job(run, job.pk).meta["status"] == "cancelling"
+        return out
+
+    monkeypatch.setattr(ingest, "ingest_metrics", ingest_then_cancel)  # the real one, then a cancel
+    result = gold_jobs.run_gold_job(job.pk, job.meta["task_id"])
+    assert result == {"id": job.pk, "status": "cancelled", "steps": 2}
+    job = Artifact.objects.get(pk=job.pk)
+    assert (job.meta["status"], job.meta["done"], job.meta["total"]) == ("cancelled", 2, 4)
+    gold = dict(MetricPoint.objects.filter(run=run, key="eval/gold:stopped").values_list("step", "value"))
+    assert gold == pytest.approx({0: 1.0, 10: 0.875})
+    with pytest.raises(gold_jobs.GoldJobError, match=r"has already ended \(cancelled\)"):
+        gold_jobs.cancel_gold_job(run, job.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_stops_a_cancelled_gold_job(
+    researcher_client: Any, celery_worker: Any, runs_dir: Path
+) -> None:
+    """The real worker scoring many evaluation steps; the researcher cancels once it has scored
+    some: it stops within one step, keeping the points of the steps it scored."""
+    from webapp.runs.models import Artifact, MetricPoint, Sample
+
+    run = _run_with_evaluations(runs_dir, name="long")
+    Sample.objects.bulk_create(
+        Sample(run=run, step=100 + k, split="validation", sample_id=str(i), prompt=f"p{i}", generation="1 y")
+        for k in range(400)
+        for i in range(2)
+    )
+    r = researcher_client.post(f"/runs/{run.pk}/gold/", {"gold": "reward:rubric", "args": RUBRIC_ARGS})
+    assert r.status_code == 302
+    job = Artifact.objects.get(run=run, kind="gold-job")
+
+    def scoring() -> bool:
+        job.refresh_from_db()
+        assert job.meta["status"] in ("queued", "running"), job.meta
+        return job.meta["done"] >= 2
+
+    wait_for_condition(scoring, timeout=180, interval=0.05, what="the gold job's first steps")
+    r = researcher_client.post(f"/runs/{run.pk}/gold/jobs/{job.pk}/cancel/", follow=True)
+    assert "is being cancelled: the worker stops before the next evaluation step" in r.content.decode()
+    job.refresh_from_db()
+    at_cancel = job.meta["done"]
+
+    def stopped() -> bool:
+        job.refresh_from_db()
+        assert job.meta["status"] in ("cancelling", "cancelled"), job.meta
+        return job.meta["status"] == "cancelled"
+
+    wait_for_condition(stopped, timeout=60, interval=0.1, what="the cancelled gold job")
+    done = job.meta["done"]
+    assert at_cancel <= done <= at_cancel + 1 < job.meta["total"] == 404
+    points = MetricPoint.objects.filter(run=run, key="eval/gold:rubric")
+    assert points.count() == done == len(job.meta["steps"])  # what it scored is kept
+    assert researcher_client.get(f"/runs/{run.pk}/gold/jobs.json").json()["jobs"][0]["status"] == "cancelled"
+    r = researcher_client.post(f"/runs/{run.pk}/gold/jobs/{job.pk}/cancel/", follow=True)
+    assert "has already ended (cancelled)" in r.content.decode().replace("&#x27;", "'")

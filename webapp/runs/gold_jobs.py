@@ -21,6 +21,12 @@ compare view and the exports show them like any evaluation metric.
 Job state lives on an ``Artifact`` row of the run (``kind`` ``gold-job`` or ``checkpoint-export``,
 state in ``meta``): the run owns its jobs, deleting the run deletes them, and no migration is needed.
 Only the worker that claimed a job (same ``task_id``, conditional update) writes its progress.
+
+A gold job can be cancelled (:func:`cancel_gold_job`): a queued one ends ``cancelled`` at once (the
+worker's claim then refuses it); a running one is marked ``cancelling`` and the worker stops before
+the next evaluation step, ending ``cancelled`` with the steps it had scored kept (their points stay
+on the charts). The request and the worker's progress meet under the job row's lock, so a job that
+has already ended cannot be cancelled, and a cancelled one is never marked succeeded.
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ GOLD_TASK = "webapp.runs.gold_jobs.score_gold"
 EXPORT_TASK = "webapp.runs.gold_jobs.export_checkpoint"
 KEY_PREFIX = "eval/gold:"
 ACTIVE = ("queued", "running")
+#: The states of a gold job the page keeps polling (a cancel request waits for the worker's next step).
+GOLD_ACTIVE = (*ACTIVE, "cancelling")
+ENDED = ("succeeded", "failed", "cancelled")
 MAX_ARGS_CHARS = 20_000
 LABEL = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 #: Rewards that make no sense as a gold chosen here (``weighted_sum`` needs components).
@@ -182,11 +191,11 @@ def start_gold_job(
         existing = Artifact.objects.filter(run_id=run.pk, kind=GOLD_KIND, name=label).first()
         if existing is not None:
             m = existing.meta or {}
-            if m.get("status") != "failed" or m.get("done"):
+            if m.get("status") not in ("failed", "cancelled") or m.get("done"):
                 raise GoldJobError(
                     "label", f"this run already has a gold named {label!r}; choose another label"
                 )
-            existing.delete()  # failed before storing any point: the label is free again
+            existing.delete()  # ended before storing any point: the label is free again
         task_id = uuid.uuid4().hex
         job = Artifact.objects.create(
             run=run, name=label, kind=GOLD_KIND, path="",
@@ -272,16 +281,53 @@ def _enqueue(task: str, job_id: int, task_id: str) -> None:
 
 
 def _update(job_id: int, task_id: str, **fields: Any) -> bool:
-    """Merge ``fields`` into the job's meta while the job still names ``task_id`` (row lock)."""
+    """Merge ``fields`` into the job's meta while the job still names ``task_id`` (row lock). A job
+    being cancelled ends ``cancelled``, never ``succeeded``; one already cancelled stays so."""
     with transaction.atomic():
         job = Artifact.objects.select_for_update().filter(pk=job_id).first()
         if job is None or (job.meta or {}).get("task_id") != task_id:
             return False
+        current = (job.meta or {}).get("status")
+        if fields.get("status") == "succeeded" and current == "cancelling":
+            fields = {**fields, "status": "cancelled"}
+        if current == "cancelled" and fields.get("status") != "failed":
+            fields = {k: v for k, v in fields.items() if k != "status"}
         job.meta = {**(job.meta or {}), **fields}
-        if fields.get("status") in ("succeeded", "failed"):
+        if fields.get("status") in ENDED:
             job.meta["finished"] = timezone.now().isoformat()
         job.save(update_fields=["meta"])
     return True
+
+
+def cancel_gold_job(run: Run, job_id: int, user: Any = None) -> Artifact:
+    """Cancel a gold job of ``run``: a queued one ends ``cancelled`` now, a running one is marked
+    ``cancelling`` and its worker stops before the next evaluation step (what it scored is kept).
+    A job that has ended, or is already being cancelled, is refused with its state."""
+    _check_writable(run)
+    with transaction.atomic():
+        job = Artifact.objects.select_for_update().filter(pk=job_id, run_id=run.pk, kind=GOLD_KIND).first()
+        if job is None:
+            raise GoldJobError("job", f"run #{run.pk} has no gold job #{job_id}")
+        m = dict(job.meta or {})
+        status = m.get("status", "")
+        if status not in ACTIVE:
+            what = "is already being cancelled" if status == "cancelling" else f"has already ended ({status})"
+            raise GoldJobError(
+                "job", f"gold job {job.name!r} {what}; only a queued or running job can be cancelled"
+            )
+        m["cancelled_by"] = getattr(user, "username", "") if getattr(user, "is_authenticated", False) else ""
+        if status == "queued":
+            m.update(status="cancelled", finished=timezone.now().isoformat())
+        else:
+            m["status"] = "cancelling"
+        job.meta = m
+        job.save(update_fields=["meta"])
+    return job
+
+
+def _cancel_requested(job_id: int) -> bool:
+    meta = Artifact.objects.filter(pk=job_id).values_list("meta", flat=True).first() or {}
+    return meta.get("status") in ("cancelling", "cancelled")
 
 
 def _claim(job_id: int, task_id: str) -> Artifact | None:
@@ -364,6 +410,9 @@ def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
     key = meta["key"]
     steps_out: list[dict[str, Any]] = []
     for done, (step, samples) in enumerate(sorted(per_step.items()), 1):
+        if _cancel_requested(job_id):  # before each step: the steps already scored are kept
+            _update(job_id, task_id, status="cancelled")
+            return {"id": job_id, "status": "cancelled", "steps": len(steps_out)}
         try:
             result = metric.compute(
                 [s.prompt for s in samples],
@@ -382,8 +431,9 @@ def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
         steps_out.append({"step": step, "mean": mean, "se": _se(values or []), "n": len(samples)})
         if not _update(job_id, task_id, done=done, steps=steps_out):
             return {"id": job_id, "status": "superseded"}
-    _update(job_id, task_id, status="succeeded")
-    return {"id": job_id, "status": "succeeded", "steps": len(steps_out)}
+    _update(job_id, task_id, status="succeeded")  # "cancelled" if a cancel came during the last step
+    status = "cancelled" if _cancel_requested(job_id) else "succeeded"
+    return {"id": job_id, "status": status, "steps": len(steps_out)}
 
 
 def _se(values: list[float]) -> float | None:

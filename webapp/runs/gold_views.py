@@ -64,6 +64,27 @@ def checkpoint_export(request: HttpRequest, pk: int, step: int) -> HttpResponse:
 
 
 @researcher_required
+@require_POST
+def gold_cancel(request: HttpRequest, pk: int, job_id: int) -> HttpResponse:
+    """Cancel a gold job (the page asks for confirmation first); an ended job is refused, saying so."""
+    run = get_object_or_404(Run, pk=pk)
+    try:
+        job = gold_jobs.cancel_gold_job(run, job_id, user=request.user)
+    except gold_jobs.GoldJobError as exc:
+        messages.error(request, f"Not cancelled: {exc}", extra_tags="gold-error")
+    else:
+        state = job.meta.get("status")
+        messages.success(
+            request,
+            f"Gold {job.name!r} cancelled before it started."
+            if state == "cancelled"
+            else f"Gold {job.name!r} is being cancelled: the worker stops before the next evaluation "
+            "step and keeps the steps it has scored.",
+        )
+    return _back(run)
+
+
+@researcher_required
 @require_GET
 def jobs_json(request: HttpRequest, pk: int) -> JsonResponse:
     run = get_object_or_404(Run.objects.only("pk"), pk=pk)

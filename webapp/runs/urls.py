@@ -32,6 +32,7 @@ urlpatterns = [
     # the over-optimisation watch's jobs (webapp/runs/gold_jobs.py)
     path("runs/<int:pk>/gold/", gold_views.gold_start, name="gold_start"),
     path("runs/<int:pk>/gold/jobs.json", gold_views.jobs_json, name="gold_jobs"),
+    path("runs/<int:pk>/gold/jobs/<int:job_id>/cancel/", gold_views.gold_cancel, name="gold_cancel"),
     path("runs/<int:pk>/checkpoints/<int:step>/export/", gold_views.checkpoint_export, name="ckpt_export"),
     path(
         "runs/<int:pk>/checkpoints/<int:step>/model.tar.gz",

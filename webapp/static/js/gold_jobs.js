@@ -1,6 +1,7 @@
 // Progress of the over-optimisation watch's jobs on the run page (webapp/runs/gold_jobs.py): while a
 // gold is being scored or a checkpoint exported, poll the run's jobs.json and update the rows; when a
-// job ends, reload the page so the panel shows the new gold (selected) or the export's links.
+// job ends, reload the page so the panel shows the new gold (selected) or the export's links. A gold
+// job's cancel button asks for confirmation first; a job being cancelled is polled until it stops.
 (function () {
   "use strict";
   const table = document.getElementById("gold-jobs");
@@ -8,7 +9,17 @@
   if (!panel) return;
   const url = (table && table.dataset.url) || panel.dataset.jobsUrl;
   if (!url) return;
-  const ACTIVE = ["queued", "running"];
+  const ACTIVE = ["queued", "running", "cancelling"];
+  const ENDED_WITH_GOLD = ["succeeded", "cancelled"];
+
+  panel.querySelectorAll("form.gold-cancel-form").forEach(function (form) {
+    form.addEventListener("submit", function (ev) {
+      const name = form.dataset.jobName || "this gold";
+      if (!window.confirm("Cancel the gold “" + name + "”? The worker stops before the next evaluation step; the steps already scored are kept.")) {
+        ev.preventDefault();
+      }
+    });
+  });
 
   function shown() {
     const out = {};
@@ -42,7 +53,13 @@
             tr.querySelector(".job-status").textContent = j.status;
             tr.querySelector(".job-progress").textContent = j.done + " / " + j.total;
             tr.querySelector(".job-error").textContent = j.error || "";
-            if (ACTIVE.indexOf(was) >= 0 && j.status === "succeeded") finishedGold = j.key;
+            if (ACTIVE.indexOf(j.status) < 0) {
+              const form = tr.querySelector("form.gold-cancel-form");
+              if (form) form.remove();
+            }
+            if (ACTIVE.indexOf(was) >= 0 && ENDED_WITH_GOLD.indexOf(j.status) >= 0 && j.done > 0) {
+              finishedGold = j.key;
+            }
           } else {
             const was = before["s" + j.step];
             if (ACTIVE.indexOf(was) >= 0 && ACTIVE.indexOf(j.status) < 0) finishedExport = true;
