@@ -131,7 +131,10 @@ if os.environ.get("GRUE_DB_POOL", "") == "1":
     # connection is checked first (one round trip), so a database restart costs no failed request.
     # Workers, the CLI and tests open connections as before: a pool per process would multiply idle
     # connections across every worker and test server.
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # Django then passes the pool a check callback
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # Django's backend with a pool whose failed check sweeps every idle connection (webapp/pgpool/base.py:
+    # after a restart, psycopg's backoff between checks of eight dead connections outlasted the timeout).
+    DATABASES["default"]["ENGINE"] = "webapp.pgpool"
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": int(os.environ.get("GRUE_DB_POOL_MAX", "8")),
