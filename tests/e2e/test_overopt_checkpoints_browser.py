@@ -128,3 +128,49 @@ def test_the_run_page_follows_a_gold_job_to_its_end(
     expect(row.locator(".job-status")).to_have_text("succeeded")
     expect(row.locator(".job-progress")).to_have_text("2 / 2")
     expect(page.locator("#overopt-best")).to_contain_text("Best evaluation by gold: step 0")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_a_gold_job_from_the_run_page(
+    page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    """The cancel button asks first: dismissing keeps the job; accepting cancels it (queued: at once),
+    the row says so and offers no button any more."""
+    from webapp.runs import gold_jobs, services
+    from webapp.runs.models import Artifact, Run, Sample
+
+    run = services.create_run({"name": "cancelled"}, user=researcher)
+    Run.objects.filter(pk=run.pk).update(status="succeeded")
+    for step in (0, 10):
+        Sample.objects.create(
+            run=run, step=step, split="validation", sample_id="0", prompt="p", generation="1"
+        )
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_YAML, "stop-me")
+    job = gold_jobs.start_gold_job(run, spec, label, enqueue=False)  # no worker takes it
+
+    login(page, asgi_server.url, researcher)
+    page.goto(f"{asgi_server.url}/runs/{run.pk}/", timeout=120_000)
+    row = page.locator("#gold-jobs tr[data-key='eval/gold:stop-me']")
+    dialogs: list[str] = []
+
+    def answer(accept: bool) -> Any:
+        def handler(dialog: Any) -> None:
+            dialogs.append(dialog.message)
+            dialog.accept() if accept else dialog.dismiss()
+
+        return handler
+
+    page.once("dialog", answer(False))
+    row.locator("button.gold-cancel").click()
+    expect(row.locator(".job-status")).to_have_text("queued")
+    assert "Cancel the gold “stop-me”?" in dialogs[0]
+    job.refresh_from_db()
+    assert job.meta["status"] == "queued"
+
+    page.once("dialog", answer(True))
+    row.locator("button.gold-cancel").click(no_wait_after=True)
+    page.wait_for_url(f"{asgi_server.url}/runs/{run.pk}/#overopt-panel", timeout=60_000)
+    expect(page.get_by_text("Gold 'stop-me' cancelled before it started.")).to_be_visible()
+    expect(row.locator(".job-status")).to_have_text("cancelled")
+    expect(row.locator("button.gold-cancel")).to_have_count(0)
+    assert Artifact.objects.get(pk=job.pk).meta["status"] == "cancelled"
