@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from engine.algorithms.base import Algorithm
 from engine.config import RunConfig
 from engine.data import load_task
 from engine.metrics import build_metrics, compute_all
@@ -188,6 +189,18 @@ def score_generations(
     return corpus, rows
 
 
+def uses_masked_generation(cfg: RunConfig) -> bool:
+    """Whether this config's evaluation generates through a masking policy: an NLPO config is evaluated
+    through the masked generation, as RL4LMs does (``algorithm.nlpo.masked_eval``).
+
+    The capability is read as declared on the registered algorithm class (``engine/algorithms/base.py``),
+    not probed: an unknown id or a user's factory function, which declares nothing before it is built,
+    gets the base ``Algorithm``'s default (no masking)."""
+    registered = algorithms.get(cfg.algorithm.id) if cfg.algorithm.id in algorithms else None
+    algo_cls = registered if isinstance(registered, type) and issubclass(registered, Algorithm) else Algorithm
+    return algo_cls.uses_masking_policy and cfg.algorithm.nlpo.masked_eval
+
+
 def evaluate(
     config: RunConfig,
     split: str | None = None,
@@ -227,10 +240,8 @@ def evaluate(
     if max_samples is not None:
         samples = samples[:max_samples]
     start = decoder_start_of(lm, kind == "seq2seq")
-    # An NLPO config is evaluated through the masked generation, as RL4LMs does; the model on disk
-    # is the last policy, so it is its own masking policy here (during training: the current mask).
-    algo_cls = algorithms.get(cfg.algorithm.id) if cfg.algorithm.id in algorithms else None
-    masked = bool(getattr(algo_cls, "uses_masking_policy", False)) and cfg.algorithm.nlpo.masked_eval
+    # The model on disk is the last policy, so it is its own masking policy here (training: the current mask).
+    masked = uses_masked_generation(cfg)
     gens = generate_texts(
         lm,
         kind == "seq2seq",

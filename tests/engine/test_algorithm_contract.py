@@ -1,8 +1,8 @@
 """The algorithm contract, held by reading the source (issue 27).
 
-* The trainer reads what an algorithm can do from attributes every algorithm declares
-  (``engine/algorithms/base.py``): no ``getattr``/``hasattr`` probe of the algorithm object, and every
-  ``self.algo.<name>`` it reads is declared on the root ``Algorithm``.
+* The trainer and the evaluation read what an algorithm can do from attributes every algorithm
+  declares (``engine/algorithms/base.py``): no ``getattr``/``hasattr`` probe of the algorithm object or
+  class, and every ``self.algo.<name>`` / ``algo_cls.<name>`` they read is declared on the root ``Algorithm``.
 * Algorithms see the trainer only through ``TrainerView``: no ``trainer._private`` read, no name the
   view does not declare.
 * Every registered algorithm belongs to exactly one family and declares the capabilities with the
@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engine"
 ALGORITHMS = ENGINE / "algorithms"
 TRAINER = ENGINE / "trainer.py"
+EVALUATION = ENGINE / "evaluation.py"
 MAX_LINES = 80
 REASON = "Long because:"
 
@@ -44,11 +45,15 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
+ALGORITHM_NAMES = ("algo", "algo_cls")
+
+
 def _is_algorithm(node: ast.AST) -> bool:
-    """``self.algo``, ``trainer.algo`` or a name ``algo`` (``cfg.algorithm`` is the config's section)."""
+    """``self.algo``, ``trainer.algo``, a name ``algo``, or ``algo_cls`` (an algorithm's class, as the
+    evaluation reads it); ``cfg.algorithm`` is the config's section."""
     if isinstance(node, ast.Attribute):
-        return node.attr == "algo"
-    return isinstance(node, ast.Name) and node.id == "algo"
+        return node.attr in ALGORITHM_NAMES
+    return isinstance(node, ast.Name) and node.id in ALGORITHM_NAMES
 
 
 def algorithm_probes(tree: ast.Module) -> list[str]:
@@ -110,8 +115,33 @@ def test_the_trainer_reads_only_what_the_root_algorithm_declares():
 
 
 def test_the_probe_finder_finds_probes():
-    src = "def f(self, algo):\n    getattr(self.algo, 'x', 1)\n    hasattr(algo, 'y')\n    getattr(self.kl, 'z', 0)\n"
-    assert [p.split(":")[0] for p in algorithm_probes(ast.parse(src))] == ["2", "3"]
+    src = (
+        "def f(self, algo, algo_cls):\n    getattr(self.algo, 'x', 1)\n    hasattr(algo, 'y')\n"
+        "    getattr(self.kl, 'z', 0)\n    getattr(algo_cls, 'w', False)\n"
+    )
+    assert [p.split(":")[0] for p in algorithm_probes(ast.parse(src))] == ["2", "3", "5"]
+
+
+# --------------------------------------------------------------------------------------------- evaluation
+def test_the_evaluation_reads_declared_capabilities_without_a_probe():
+    tree = _tree(EVALUATION)
+    assert not algorithm_probes(tree), algorithm_probes(tree)
+    reads = algorithm_reads(tree)
+    assert "uses_masking_policy" in reads  # the walk sees the evaluation's algorithm class
+    undeclared = sorted(name for name in reads if not hasattr(Algorithm, name))
+    assert not undeclared, f"the evaluation reads {undeclared} of the algorithm; declare them on Algorithm"
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "masked_eval", "masked"),
+    [("nlpo", True, True), ("nlpo", False, False), ("ppo", True, False), ("grpo", True, False)],
+)
+def test_the_evaluation_masks_generation_for_nlpo_only(algorithm, masked_eval, masked):
+    """As before the probe went: NLPO's declared ``uses_masking_policy`` and its ``masked_eval`` option."""
+    from engine.evaluation import uses_masked_generation
+
+    cfg = parse_config({"algorithm": {"id": algorithm, "nlpo": {"masked_eval": masked_eval}}})
+    assert uses_masked_generation(cfg) is masked
 
 
 # --------------------------------------------------------------------------------------------- algorithms
