@@ -22,6 +22,8 @@ from annotation.models import Campaign, CampaignKind, CampaignStatus, Choice, Ju
 
 RANK_BOOTSTRAP = 1000
 RANK_SEED = 0
+#: The Likert scale of every axis: Fleiss's categories and Krippendorff's ordinal values.
+LIKERT_SCALE = [1, 2, 3, 4, 5]
 
 
 def min_comparisons_to_rank() -> int:
@@ -125,6 +127,31 @@ def campaign_results(camp: Campaign, source: str = "human") -> dict[str, Any]:
     return out
 
 
+def _agreement_panel(
+    labels: list[tuple[int, int, Any]], categories: list[Any], level: str, ann_names: dict[int, str]
+) -> dict[str, Any]:
+    """Inter-annotator agreement on one kind of label, given as ``(item, annotator, label)`` triples:
+    Fleiss's κ over ``categories``, Krippendorff's α at ``level`` (nominal for pairwise choices, ordinal
+    for a Likert axis, whose scale is its values) and Cohen's κ per pair of annotators with two items in
+    common, named. Pairwise choices and every Likert axis share it, so both panels count alike."""
+    units: dict[int, list[Any]] = defaultdict(list)
+    by_ann: dict[int, dict[int, Any]] = defaultdict(dict)
+    for item, annotator, label in labels:
+        units[item].append(label)
+        by_ann[annotator][item] = label
+    multi = [v for v in units.values() if len(v) >= 2]
+    values = categories if level == "ordinal" else None
+    return {
+        "fleiss_kappa": stats.fleiss_kappa(stats.ratings_to_table(multi, categories)) if multi else None,
+        "krippendorff_alpha": stats.krippendorff_alpha(multi, level, values=values),
+        "cohen": [
+            {**c, "a": ann_names[c["a"]], "b": ann_names[c["b"]]}
+            for c in stats.pairwise_cohen(by_ann, min_common=2)
+        ],
+        "n_multi": len(multi),
+    }
+
+
 def _pairwise_results(
     camp: Campaign,
     rows: list[dict[str, Any]],
@@ -150,23 +177,10 @@ def _pairwise_results(
     decided = [r for r in real if r["choice"] in ("a", "b")]
     left_wins = sum(1 for r in decided if (r["choice"] == "a") == r["left_is_a"])
     out["left_win_rate"] = left_wins / len(decided) if decided else None
-    labels_by_item: dict[int, list[str]] = defaultdict(list)
-    by_ann: dict[int, dict[int, str]] = defaultdict(dict)
-    for r in rows:
-        labels_by_item[r["item_id"]].append(r["choice"])
-        by_ann[r["annotator_id"]][r["item_id"]] = r["choice"]
-    multi = [v for v in labels_by_item.values() if len(v) >= 2]
+    choices = [(r["item_id"], r["annotator_id"], r["choice"]) for r in rows]
     out["agreement"] = {
-        "fleiss_kappa": stats.fleiss_kappa(stats.ratings_to_table(multi, list(Choice.values)))
-        if multi
-        else None,
-        "krippendorff_alpha": stats.krippendorff_alpha(multi, "nominal"),
+        **_agreement_panel(choices, list(Choice.values), "nominal", ann_names),
         "krippendorff_level": "nominal",
-        "cohen": [
-            {**c, "a": ann_names[c["a"]], "b": ann_names[c["b"]]}
-            for c in stats.pairwise_cohen(by_ann, min_common=2)
-        ],
-        "n_multi": len(multi),
     }
     ann_rows = [
         {"annotator": r["annotator__username"], "item": r["item_id"], "label": r["choice"], "seconds": r["seconds"],
@@ -206,23 +220,10 @@ def _likert_results(
     out["axes"] = [a["name"] for a in camp.axes]
     agreement = {}
     for ax in out["axes"]:
-        units: dict[int, list[int]] = defaultdict(list)
-        by_ann: dict[int, dict[int, int]] = defaultdict(dict)
-        for r in rows:
-            if ax in (r["scores"] or {}):
-                units[r["item_id"]].append(r["scores"][ax])
-                by_ann[r["annotator_id"]][r["item_id"]] = r["scores"][ax]
-        multi = [v for v in units.values() if len(v) >= 2]
-        agreement[ax] = {
-            "krippendorff_alpha": stats.krippendorff_alpha(multi, "ordinal", values=[1, 2, 3, 4, 5]),
-            "fleiss_kappa": stats.fleiss_kappa(stats.ratings_to_table(multi, [1, 2, 3, 4, 5]))
-            if multi
-            else None,
-            "cohen": [
-                {**c, "a": ann_names[c["a"]], "b": ann_names[c["b"]]} for c in stats.pairwise_cohen(by_ann, 2)
-            ],
-            "n_multi": len(multi),
-        }
+        scores = [
+            (r["item_id"], r["annotator_id"], r["scores"][ax]) for r in rows if ax in (r["scores"] or {})
+        ]
+        agreement[ax] = _agreement_panel(scores, LIKERT_SCALE, "ordinal", ann_names)
     out["agreement"] = {"per_axis": agreement, "krippendorff_level": "ordinal"}
     ann_rows = []
     for r in rows:
