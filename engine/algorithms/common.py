@@ -41,8 +41,11 @@ def clip_and_step(
 ) -> torch.Tensor:
     """DDP's gradient mean over ranks, then (fp16) unscaling, clipping to ``max_grad_norm`` and the
     optimizer step; returns the unscaled gradient norm before clipping. The sync comes first so that
-    every rank clips and steps on the same gradient; unscaling before clipping so the norm is the true one."""
+    every rank clips and steps on the same gradient; unscaling before clipping so the norm is the true one.
+    A fused Adam(W) takes the clip inside its step (:func:`clip_inside_step`): no separate scaling pass."""
     distributed.sync_gradients(params)
+    if scaler is None and folds_clip(optimizer, params):
+        return clip_inside_step(params, optimizer, max_grad_norm)
     if scaler is not None:
         scaler.unscale_(optimizer)
     gnorm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -52,6 +55,44 @@ def clip_and_step(
     else:
         optimizer.step()
     return gnorm
+
+
+def folds_clip(optimizer: Any, params: list[torch.Tensor]) -> bool:
+    """Whether the clip can ride in ``optimizer``'s step: a fused ``torch.optim.Adam``/``AdamW`` (whose
+    kernel divides each gradient by its ``grad_scale`` tensor in the same pass that reads it), fp32
+    gradients (the kernel rounds the divisor to the parameter's dtype), and no scale already set (an
+    fp16 ``GradScaler`` uses the same slot)."""
+    if not isinstance(optimizer, torch.optim.Adam) or getattr(optimizer, "grad_scale", None) is not None:
+        return False
+    if not all(g.get("fused") for g in optimizer.param_groups):
+        return False
+    return all(p.grad is None or p.grad.dtype == torch.float32 for p in params)
+
+
+def clip_inside_step(params: list[torch.Tensor], optimizer: Any, max_grad_norm: float) -> torch.Tensor:
+    """``clip_grad_norm_(params, max_grad_norm)`` then ``optimizer.step()``, with the scaling pass folded
+    into the fused step. Why: with a separate critic the gradients are 1 GB; clipping read them once for
+    the norm and then read and wrote them again to scale them, on every optimizer step.
+
+    The norm is torch's own (``get_total_norm``: one foreach reduction per device and dtype) and the
+    coefficient SB3's and RL4LMs's, c = min(1, max_norm / (norm + 1e-6)). The fused kernel divides each
+    gradient by ``grad_scale`` = 1 / c and writes the result back into ``.grad`` before Adam's moments
+    and (Adam's coupled) weight decay read it; AdamW's decoupled decay does not read the gradient. So the
+    step is the clipped step up to rounding (g / (1/c) instead of g · c; bitwise when c = 1), and a
+    non-finite norm makes the same NaN/zero gradients as the multiplication. ``found_inf`` stays unset:
+    the step is never skipped, as with ``clip_grad_norm_``. Returns the norm before clipping."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        optimizer.step()
+        return torch.tensor(0.0)
+    norm = torch.nn.utils.get_total_norm(grads, 2.0)
+    coef = torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0)
+    optimizer.grad_scale = torch.reciprocal(coef).to(torch.float32)
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale
+    return norm
 
 
 def add_stats(sums: dict[str, float], stats: dict[str, Any]) -> None:
