@@ -503,11 +503,13 @@ def checkpoint_step(system: str) -> int | None:
 
 def checkpoint_generations(run: Run, split: str | None = None) -> dict[int, list[Sample]]:
     """``{step: evaluation samples logged at that step}`` for each saved checkpoint of ``run`` that
-    has them: the checkpoint's generations are the evaluation made at the step it was saved
-    (``train.eval_every`` a multiple of ``train.save_every`` gives every checkpoint one)."""
-    from webapp.runs.models import Checkpoint
+    has them and is still on disk: the checkpoint's generations are the evaluation made at the step
+    it was saved (``train.eval_every`` a multiple of ``train.save_every`` gives every checkpoint
+    one). A pruned checkpoint is left out: its ranking could name a best checkpoint that can no
+    longer be exported or launched from."""
+    from webapp.runs.gold_jobs import existing_checkpoints
 
-    steps = sorted(set(Checkpoint.objects.filter(run=run).values_list("step", flat=True)))
+    steps = [int(c.step) for c in existing_checkpoints(run.pk)[0]]
     qs = Sample.objects.filter(run=run, step__in=steps)
     qs = qs.filter(split=split) if split else qs.exclude(split="train")
     out: dict[int, list[Sample]] = defaultdict(list)
@@ -540,6 +542,7 @@ def create_campaign_from_checkpoints(
     per_step = checkpoint_generations(run, split)
     if steps is not None:
         wanted = list(dict.fromkeys(int(s) for s in steps))
+        _refuse_pruned(run, wanted)
         missing = [s for s in wanted if s not in per_step]
         if missing:
             raise AnnotationError(
@@ -549,9 +552,9 @@ def create_campaign_from_checkpoints(
         per_step = {s: per_step[s] for s in wanted}
     if len(per_step) < 2:
         raise AnnotationError(
-            f"run #{run.pk} has {len(per_step)} saved checkpoint(s) with evaluation generations at their "
-            "step; comparing checkpoints needs at least 2 (evaluate whenever a checkpoint is saved: "
-            "train.eval_every dividing train.save_every)"
+            f"run #{run.pk} has {len(per_step)} saved checkpoint(s) still on disk with evaluation generations "
+            "at their step; comparing checkpoints needs at least 2 (evaluate whenever a checkpoint is saved: "
+            "train.eval_every dividing train.save_every; keep them: train.keep_checkpoints)"
         )
     check_systems_cap(len(per_step))
     groups, report = match_samples(per_step)
@@ -595,6 +598,15 @@ def create_campaign_from_checkpoints(
             )  # fmt: skip
     shuffle_and_store(items, rng)
     return camp
+
+
+def _refuse_pruned(run: Run, steps: Sequence[int]) -> None:
+    """A requested checkpoint that was recorded but is gone from disk is refused by name."""
+    from webapp.runs.gold_jobs import existing_checkpoints, missing_message
+
+    gone = [c for c in existing_checkpoints(run.pk)[1] if int(c.step) in steps]
+    if gone:
+        raise AnnotationError("steps: " + "; ".join(missing_message(c) for c in gone))
 
 
 def checkpoint_campaigns(run_id: int) -> list[Campaign]:

@@ -18,7 +18,8 @@ from django.views.decorators.http import require_POST
 from annotation import campaigns
 from annotation.errors import AnnotationError
 from webapp.access import researcher_required
-from webapp.runs.models import Checkpoint, Run
+from webapp.runs import gold_jobs
+from webapp.runs.models import Run
 
 
 def _int(value: str | None, field: str) -> int | None:
@@ -58,7 +59,7 @@ def checkpoints_campaign(request: HttpRequest, run_id: int) -> HttpResponse:
 
 def checkpoints_panel(request: HttpRequest, run: Run) -> str | None:
     """The run page's panel: the button, and the campaigns over this run's checkpoints."""
-    n_ckpts = Checkpoint.objects.filter(run_id=run.pk).count()
+    n_ckpts = len(gold_jobs.existing_checkpoints(run.pk)[0])  # the pruned ones cannot be compared
     camps = campaigns.campaign_counts(campaigns.checkpoint_campaigns(run.pk))
     if n_ckpts < 2 and not camps:
         return None

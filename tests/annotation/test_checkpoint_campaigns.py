@@ -4,6 +4,8 @@ panel."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,9 +35,19 @@ def _run_with_checkpoints(name: str = "ckpt <run>", steps: list[int] = CKPT_STEP
         rows.append(Sample(run=run, step=step, split="train", sample_id="t", prompt="x", generation="train"))
     Sample.objects.bulk_create(rows)
     for step in steps:
-        Checkpoint.objects.create(run=run, step=step, path=f"/tmp/none/rl-{step:06d}")
+        Checkpoint.objects.create(run=run, step=step, path=str(_on_disk(run.pk, step)))
     ingest.ingest_metrics(run.pk, [("eval/reward_mean", s, s / 100) for s in [5, *steps]])
     return run
+
+
+def _on_disk(run_id: int, step: int) -> Path:
+    """A checkpoint directory as the trainer leaves it (only its ``state.pt`` is looked at here)."""
+    from webapp.runs import paths
+
+    path = paths.runs_root() / f"run-{run_id}/checkpoints/rl-{step:06d}"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "state.pt").write_bytes(b"")
+    return path
 
 
 def _judge_all(camp: Campaign, users: list[Any], prefer: int) -> None:
@@ -138,3 +150,67 @@ def test_only_researchers(client: Any, annotator: Any) -> None:
     r = client.post(url)
     assert r.status_code == 302 and r["Location"] == "/annotate/"
     assert not Campaign.objects.exists()
+
+
+def test_pruned_checkpoints_are_left_out_and_refused_by_name(researcher_client: Any) -> None:
+    """The trainer keeps only the newest checkpoints; a pruned one is neither a system of a new
+    campaign nor counted on the run page, and asking for it names it."""
+    run = _run_with_checkpoints("pruned")
+    shutil.rmtree(_on_disk(run.pk, 20))
+    camp = campaigns.create_campaign_from_checkpoints("", run.pk, overlap=1)
+    assert camp.systems == [f"ckpt:{run.pk}:10", f"ckpt:{run.pk}:30"]
+    with pytest.raises(AnnotationError) as err:
+        campaigns.create_campaign_from_checkpoints("", run.pk, steps=[10, 20])
+    assert str(err.value) == (
+        f"steps: checkpoint rl-000020 (step 20) of run #{run.pk} is no longer on disk: pruned by the "
+        "run's train.keep_checkpoints (only the newest are kept) or deleted"
+    )
+    page = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert "this run's 2 saved checkpoints still on disk" in page
+    shutil.rmtree(_on_disk(run.pk, 30))
+    r = researcher_client.post(f"/annotate/runs/{run.pk}/checkpoints-campaign/", {}, follow=True)
+    assert (
+        f"Campaign not created: run #{run.pk} has 1 saved checkpoint(s) still on disk" in r.content.decode()
+    )
+
+
+def test_compare_view_shows_each_runs_human_gold(researcher_client: Any, researcher: Any) -> None:
+    """The compare view offers the human golds beside the logged keys and draws them as the run page
+    does: each run's newest campaign at once, or one campaign; with the notes and best checkpoints."""
+    import json
+    import re
+
+    first = _run_with_checkpoints("first <run>")
+    second = _run_with_checkpoints("second")
+    plain = _run_with_checkpoints("no campaign")
+    camps = {}
+    for run, prefer, tag in ((first, 20, "a"), (second, 30, "b")):
+        camps[run.pk] = campaigns.create_campaign_from_checkpoints(f"people {tag}", run.pk, overlap=2)
+        _judge_all(camps[run.pk], [make_user(f"{tag}{i}") for i in range(2)], prefer=prefer)
+    ids = f"{first.pk},{second.pk},{plain.pk}"
+
+    page = researcher_client.get(f"/compare/?ids={ids}&gold=human:*").content.decode()
+    assert '<option value="human:*" selected>human: each run&#x27;s newest</option>' in page
+    c1 = camps[first.pk].pk
+    assert (
+        f'<option value="human:{c1}">#{first.pk} first &lt;run&gt; — human: people a (campaign #{c1})' in page
+    )
+    table = page.split('id="overopt-table"')[1].split("</table>")[0]
+    rows = dict(re.findall(r'<tr data-run="(\d+)">.*?<td class="num">[^<]*</td><td class="num">[^<]*</td>'
+                           r'<td class="num">(\d+)</td>', table))  # fmt: skip
+    assert rows == {str(first.pk): "20", str(second.pk): "30"}  # the run without a campaign is not drawn
+    notes = page.split('id="overopt-source-notes"')[1].split("</div>")[0]
+    assert "first &lt;run&gt;" in notes and "Bradley–Terry rating" in notes and "relative to the" in notes
+    data = json.loads(page.split('id="overopt-data" type="application/json">')[1].split("</script>")[0])
+    assert [d["gold_key"] for d in data] == [
+        f"human: people a (campaign #{c1})",
+        f"human: people b (campaign #{camps[second.pk].pk})",
+    ]
+    assert [d["best_checkpoint"] for d in data] == [20, 30]
+
+    page = researcher_client.get(f"/compare/?ids={ids}&gold=human:{c1}").content.decode()
+    table = page.split('id="overopt-table"')[1].split("</table>")[0]
+    assert f'data-run="{first.pk}"' in table and f'data-run="{second.pk}"' not in table
+    # a logged key still works as before, and a gold nobody has says so
+    page = researcher_client.get(f"/compare/?ids={ids}&gold=human:99999").content.decode()
+    assert 'id="overopt-none"' in page

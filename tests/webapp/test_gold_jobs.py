@@ -49,9 +49,10 @@ def _run_with_evaluations(runs_dir: Path, name: str = "vader run") -> Any:
         points += [("eval/reward_mean", step, 0.1 * (k + 1)), ("train/kl_episode", step, step / 10)]
     ingest.ingest_metrics(run.pk, points)
     for step in (10, 20):
-        Checkpoint.objects.create(
-            run=run, step=step, path=str(runs_dir / f"run-{run.pk}/checkpoints/rl-{step:06d}")
-        )
+        path = runs_dir / f"run-{run.pk}/checkpoints/rl-{step:06d}"
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "state.pt").write_bytes(b"")  # on disk (only its presence is looked at before export)
+        Checkpoint.objects.create(run=run, step=step, path=str(path))
     return run
 
 
@@ -429,3 +430,39 @@ def test_the_worker_stops_a_cancelled_gold_job(
     assert researcher_client.get(f"/runs/{run.pk}/gold/jobs.json").json()["jobs"][0]["status"] == "cancelled"
     r = researcher_client.post(f"/runs/{run.pk}/gold/jobs/{job.pk}/cancel/", follow=True)
     assert "has already ended (cancelled)" in r.content.decode().replace("&#x27;", "'")
+
+
+# ------------------------------------------------------------------------------ pruned checkpoints
+
+
+@pytest.mark.django_db
+def test_pruned_checkpoints_are_not_offered_and_refused_by_name(
+    researcher_client: Any, runs_dir: Path
+) -> None:
+    """The trainer keeps only the newest ``train.keep_checkpoints``; the rows of the pruned ones stay.
+    The panel lists only checkpoints on disk (the best by gold among them), says which are gone, and
+    an export of a gone one is refused naming it."""
+    import shutil
+
+    from webapp.runs import gold_jobs, ingest
+    from webapp.runs.models import Checkpoint
+
+    run = _run_with_evaluations(runs_dir)
+    shutil.rmtree(runs_dir / f"run-{run.pk}/checkpoints/rl-000010")
+    Checkpoint.objects.create(run=run, step=30, path="/etc/rl-000030")  # outside the roots: not offered
+    ingest.ingest_metrics(run.pk, [("eval/gold", 10, 0.9), ("eval/gold", 20, 0.5), ("eval/gold", 30, 0.1)])
+    assert [c.step for c in gold_jobs.existing_checkpoints(run.pk)[0]] == [20]
+    page = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert '<tr data-step="20" class="best">' in page and 'tr data-step="10"' not in page
+    assert 'id="overopt-best-checkpoint">20<' in page  # step 10 has the better gold, but is gone
+    assert "Not listed: 2 checkpoints no longer on disk (steps 10, 30)" in page
+    assert f"/runs/{run.pk}/checkpoints/10/export/" not in page
+    with pytest.raises(gold_jobs.GoldJobError) as err:
+        gold_jobs.start_export_job(run, 10, enqueue=False)
+    assert err.value.field == "step"
+    assert err.value.message == (
+        f"checkpoint rl-000010 (step 10) of run #{run.pk} is no longer on disk: pruned by the run's "
+        "train.keep_checkpoints (only the newest are kept) or deleted"
+    )
+    r = researcher_client.post(f"/runs/{run.pk}/checkpoints/10/export/", follow=True)
+    assert "Export not started: step: checkpoint rl-000010 (step 10)" in r.content.decode()

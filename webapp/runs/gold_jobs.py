@@ -68,6 +68,8 @@ LABEL = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 NOT_GOLD = frozenset({"weighted_sum"})
 #: The checkpoint directory names the engine writes (as ``engine.trainer.CHECKPOINT_NAME``).
 CHECKPOINT_NAME = re.compile(r"rl-[0-9]{6,12}")
+#: The file every checkpoint the trainer writes holds (``engine.checkpoint_export.STATE_FILE``).
+STATE_FILE = "state.pt"
 
 
 class GoldJobError(ValueError):
@@ -223,6 +225,8 @@ def start_export_job(run: Run, step: int, user: Any = None, enqueue: bool = True
     if ckpt is None:
         raise GoldJobError("step", f"run #{run.pk} has no saved checkpoint at step {step}")
     source = checkpoint_dir(ckpt)
+    if not (source / STATE_FILE).is_file():
+        raise GoldJobError("step", missing_message(ckpt, source))
     with transaction.atomic():
         Run.objects.select_for_update().filter(pk=run.pk).first()
         existing = Artifact.objects.filter(run_id=run.pk, kind=EXPORT_KIND, meta__step=int(step)).first()
@@ -255,6 +259,35 @@ def checkpoint_dir(ckpt: Checkpoint) -> Path:
     if not CHECKPOINT_NAME.fullmatch(p.name):
         raise GoldJobError("step", f"{p.name!r} is not an RL checkpoint directory (rl-<step>)")
     return p
+
+
+def missing_message(ckpt: Checkpoint, source: Path | None = None) -> str:
+    """Why a recorded checkpoint cannot be used, naming it (the trainer prunes old ones)."""
+    name = source.name if source is not None else Path(ckpt.path).name
+    return (
+        f"checkpoint {name} (step {ckpt.step}) of run #{ckpt.run_id} is no longer on disk: pruned by "
+        "the run's train.keep_checkpoints (only the newest are kept) or deleted"
+    )
+
+
+def checkpoint_on_disk(ckpt: Checkpoint) -> bool:
+    """The checkpoint's directory is inside the read roots, named ``rl-<step>``, and still holds the
+    trainer's ``state.pt``. A ``Checkpoint`` row outlives its directory: the trainer keeps only the
+    newest ``train.keep_checkpoints``, so most rows of a long run name pruned directories."""
+    try:
+        return (checkpoint_dir(ckpt) / STATE_FILE).is_file()
+    except GoldJobError:
+        return False
+
+
+def existing_checkpoints(run_id: int) -> tuple[list[Checkpoint], list[Checkpoint]]:
+    """``(on disk, gone)``: the run's recorded checkpoints by step, split by :func:`checkpoint_on_disk`;
+    only the first may be offered for export, launch, or a campaign over checkpoints."""
+    here: list[Checkpoint] = []
+    gone: list[Checkpoint] = []
+    for ckpt in Checkpoint.objects.filter(run_id=run_id).order_by("step"):
+        (here if checkpoint_on_disk(ckpt) else gone).append(ckpt)
+    return here, gone
 
 
 def export_dir(run: Run, source: Path) -> Path:

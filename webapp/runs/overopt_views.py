@@ -28,7 +28,7 @@ from django.urls import reverse
 from engine import overopt
 from engine.rewards.rubric import DETAIL_PREFIX, RubricError, parse_rubric
 from webapp.runs import extensions, gold_jobs
-from webapp.runs.models import Checkpoint, MetricPoint, Run, Sample
+from webapp.runs.models import MetricPoint, Run, Sample
 
 register = template.Library()
 
@@ -171,7 +171,7 @@ def watch_of(
 ) -> dict[str, Any]:
     """The watch of one run as template context (and the chart's data)."""
     proxy_key, proxy = overopt.pick_proxy(series)
-    ckpts = dict(Checkpoint.objects.filter(run_id=run.pk).values_list("step", "path"))
+    ckpts = {c.step: c.path for c in gold_jobs.existing_checkpoints(run.pk)[0]}  # not the pruned ones
     w = overopt.watch(series.get(gold_key) or {}, proxy, series.get(overopt.KL_KEY), ckpts, falls)
     data = w.to_dict()
     data.update(run_id=run.pk, run_name=run.name, gold_key=gold_key, proxy_key=proxy_key)
@@ -189,7 +189,7 @@ def overopt_context(run: Run, request: HttpRequest | None) -> dict[str, Any] | N
     evaluation metric, no evaluation generations, no checkpoint)."""
     choices = eval_keys([run.pk])
     jobs = [gold_jobs.job_json(j) for j in gold_jobs.jobs_of(run)]
-    ckpts = list(Checkpoint.objects.filter(run_id=run.pk).order_by("step"))
+    ckpts, pruned = gold_jobs.existing_checkpoints(run.pk)
     has_evals = bool(gold_jobs.eval_steps(run.pk)) if not choices else True
     sources = extensions.gold_sources(run)
     if not choices and not has_evals and not ckpts and not sources:
@@ -209,6 +209,7 @@ def overopt_context(run: Run, request: HttpRequest | None) -> dict[str, Any] | N
         "jobs": [j for j in jobs if j["kind"] == gold_jobs.GOLD_KIND],
         "can_score": has_evals and not run.is_reference,
         "jobs_url": reverse("runs:gold_jobs", args=[run.pk]),
+        "pruned": [c.step for c in pruned],
     }
     if ctx["has_gold"]:
         ctx.update(watch_of(run, series, gold_key, falls))
@@ -237,18 +238,55 @@ def overopt_panel(context: Any, run: Run) -> dict[str, Any]:
     return {"overopt": overopt_context(run, context.get("request")), "run": run}
 
 
+EACH_NEWEST = ":*"
+
+
+def source_choices(runs: list[Run], sources: Mapping[int, list[dict[str, Any]]]) -> list[dict[str, str]]:
+    """The compare view's menu entries for golds other apps compute (a human campaign over a run's
+    checkpoints): ``<kind>:*``, each run's newest gold of that kind (to see several runs' human golds
+    at once), then every run's own golds by key."""
+    kinds = sorted({g["key"].split(":", 1)[0] for gs in sources.values() for g in gs if ":" in g["key"]})
+    out = [{"value": k + EACH_NEWEST, "label": f"{k}: each run's newest"} for k in kinds]
+    for run in runs:
+        for g in sources.get(run.pk, []):
+            out.append({"value": g["key"], "label": f"#{run.pk} {run.name} — {g['label']}"})
+    return out
+
+
+def pick_source(golds: list[dict[str, Any]], gold_key: str) -> dict[str, Any] | None:
+    """The run's gold named by ``gold_key`` (a key, or ``<kind>:*`` for its newest of that kind)."""
+    if gold_key.endswith(EACH_NEWEST):
+        kind = gold_key[: -len(EACH_NEWEST)] + ":"
+        return next((g for g in reversed(golds) if g["key"].startswith(kind)), None)
+    return next((g for g in golds if g["key"] == gold_key), None)
+
+
 @register.inclusion_tag("runs/_overopt_compare.html", takes_context=True)
 def overopt_compare(context: Any, runs: list[Run]) -> dict[str, Any]:
-    """Proxy and gold of every compared run that has the gold key, on the same two axes."""
+    """Proxy and gold of every compared run that has the gold, on the same two axes: a logged
+    evaluation key, or a gold another app computes (a human campaign's Bradley–Terry ratings, drawn
+    as on the run page, with its note)."""
     gold_key, falls = _params(context.get("request"))
     ids = [r.pk for r in runs]
     series = _series(ids, [gold_key, overopt.KL_KEY, *overopt.PROXY_KEYS])
+    sources = {r.pk: extensions.gold_sources(r) for r in runs}
+    notes = []
+    for r in runs:
+        source = pick_source(sources[r.pk], gold_key)
+        if source is not None:
+            series.setdefault(r.pk, {})[gold_key] = {int(k): float(v) for k, v in source["series"].items()}
+            notes.append({"run": r, "label": source["label"], "note": source["note"]})
     watches = [watch_of(r, series[r.pk], gold_key, falls) for r in runs if series.get(r.pk, {}).get(gold_key)]
+    labels = {n["run"].pk: n["label"] for n in notes}
+    for w in watches:
+        w["data"]["gold_key"] = labels.get(w["run"].pk, gold_key)  # the chart's legend names the campaign
     return {
         "watches": watches,
         "ids_param": context.get("ids_param", ""),
         "gold_key": gold_key,
         "falls": falls,
         "choices": eval_keys(ids),
+        "source_choices": source_choices(runs, sources),
+        "notes": notes,
         "data": [w["data"] for w in watches],
     }
