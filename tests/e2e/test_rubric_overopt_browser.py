@@ -94,7 +94,7 @@ GOLD = [0.30, 0.40, 0.50, 0.55, 0.60, 0.58, 0.52, 0.45, 0.40]
 
 
 def _overoptimised_run(researcher: Any, name: str, gold: list[float]) -> Any:
-    from webapp.runs import ingest, services
+    from webapp.runs import ingest, paths, services
     from webapp.runs.models import Checkpoint
 
     run = services.create_run({"name": name}, user=researcher)
@@ -103,8 +103,11 @@ def _overoptimised_run(researcher: Any, name: str, gold: list[float]) -> Any:
         points += [("eval/reward_mean", s, p), ("eval/gold", s, g), ("train/kl_episode", s, s / 20)]
         points += [("train/reward_mean", s, p - 0.05), ("eval/meteor", s, 0.2)]
     ingest.ingest_metrics(run.pk, points)
-    for s in (20, 60, 80):
-        Checkpoint.objects.create(run=run, step=s, path=f"/runs/{name}/checkpoints/rl-{s:06d}")
+    for s in (20, 60, 80):  # on disk, as the trainer leaves them (pruned ones are not offered)
+        path = paths.runs_root() / f"run-{run.pk}/checkpoints/rl-{s:06d}"
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "state.pt").write_bytes(b"")
+        Checkpoint.objects.create(run=run, step=s, path=str(path))
     return run
 
 
