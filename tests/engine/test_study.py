@@ -1,4 +1,4 @@
-"""The reproduction study command (engine/study.py) on its smoke budget: the whole GRUE IMDB grid for one
+"""The reproduction study command (the engine/study/ package) on its smoke budget: the whole GRUE IMDB grid for one
 seed on the builtin tiny GPT-2, interrupted and resumed, then reported and exported.
 
 The tiny model learns nothing in two iterations; these tests check the machinery (every cell trains and is
@@ -9,6 +9,8 @@ checkpoint, the report has every cell and honest verdicts), not the paper's clai
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from engine.study import (
     export_reference,
     markdown_report,
     mean_std,
+    read_jsonl,
     read_reference,
     results_table,
     run_state,
@@ -36,6 +39,35 @@ from engine.study import (
 )
 
 CELLS = STUDIES["grue-imdb"].cells
+ROOT = Path(__file__).resolve().parents[2]
+STUDY_MODULES = sorted(p.stem for p in (ROOT / "engine" / "study").glob("*.py") if p.stem != "__init__")
+
+
+def test_the_study_package_imports_no_torch():
+    """The web app reads the paper's numbers and reference files through ``engine.study``; torch would
+    cost every web process seconds and memory, so no module of the package loads it at import."""
+    assert {"budgets", "common", "paper", "reading", "reference", "report", "runner"} <= set(STUDY_MODULES)
+    code = (
+        "import sys, json\n"
+        "import engine.study\n"
+        + "".join(f"import engine.study.{m}\n" for m in STUDY_MODULES)
+        + "print(json.dumps(sorted(m for m in ('torch', 'transformers') if m in sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_read_jsonl_keeps_line_separators_inside_strings_and_skips_a_cut_line(tmp_path):
+    """Samples are written with ``ensure_ascii=False``: a generated U+2028 or U+0085 stays raw in its
+    line and must not split the row (``str.splitlines`` would); a last line cut by a kill is passed over."""
+    rows = [{"text": "a\u2028b\x85c"}, {"step": 1}]
+    path = tmp_path / "samples.jsonl"
+    path.write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows) + '{"step": 2, "te', encoding="utf-8"
+    )
+    assert read_jsonl(path) == rows
+    assert read_jsonl(tmp_path / "absent.jsonl") == []
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from engine.presets import (
     GROUP_ALGORITHMS,
     PREFERENCE_ALGORITHMS,
 )
-from engine.study import PAPER_IMDB
+from engine.study.paper import PAPER_IMDB
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Reference runs: a reproduction study's runs shipped with the repository and loaded as read-only runs.
 
 ``python -m engine study export DIR --out webapp/grue/reference/<study>.json.gz`` writes the compact file
-(metrics, samples, test evaluation; no weights; format in ``engine.study``). ``manage.py
+(metrics, samples, test evaluation; no weights; format in ``engine.study.reference``). ``manage.py
 load_reference_runs`` (also run by ``manage.py up``) loads every file in ``REFERENCE_DIR`` with
 :func:`load_reference_file`: one succeeded Run per (cell, seed), tagged ``reference`` and
 ``study:<id>``, its final evaluation (``summary["eval"]``) being the study's test evaluation so that
@@ -31,7 +31,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from engine.presets import ALGORITHM_LABELS, ALGORITHMS
-from engine.study import PAPER_IMDB, PERPLEXITY, SENTIMENT, StudyError, local_config, mean_std, read_reference
+from engine.study.common import PERPLEXITY, SENTIMENT, StudyError, mean_std
+from engine.study.paper import PAPER_IMDB
+from engine.study.reference import local_config, read_reference
 from webapp.runs.ingest import ingest_metrics, ingest_samples
 from webapp.runs.models import REFERENCE_PREFIX, REFERENCE_TAG, Run, RunStatus
 

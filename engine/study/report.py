@@ -1,0 +1,254 @@
+"""The study's report (``python -m engine study report``): the results table (mean ± std over seeds
+beside the paper's numbers), learning curves with seed bands (JSON, CSV, SVG), the verdicts, and the
+section of docs/reproduction.md between the study markers.
+
+The report reads whatever runs have finished, so a partial study is reported as such and its
+verdicts are marked provisional."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from engine.presets import ALGORITHM_LABELS
+from engine.study.charts import svg_chart
+from engine.study.common import (
+    PERPLEXITY,
+    RESULT_FILE,
+    SENTIMENT,
+    SENTIMENT_CONTINUATION,
+    SENTIMENT_VADER,
+    StudyError,
+    mean_std,
+)
+from engine.study.paper import PAPER_IMDB
+from engine.study.reading import curve_points, load_study
+from engine.study.verdicts import verdicts
+
+# The paper's IMDB columns (RL4LMs Table: sentiment, fluency, diversity), in table order.
+TABLE_METRICS: tuple[tuple[str, str, bool], ...] = (
+    (SENTIMENT, "Sentiment", True),
+    (SENTIMENT_CONTINUATION, "Sentiment (continuation)", True),
+    (SENTIMENT_VADER, "VADER (continuation)", True),
+    (PERPLEXITY, "Perplexity ↓", False),
+    ("fluency_metrics/generation_perplexity", "Gen. perplexity ↓", False),
+    ("diversity_metrics/msttr-100", "MSTTR", True),
+    ("diversity_metrics/distinct-1", "Distinct-1", True),
+    ("diversity_metrics/distinct-2", "Distinct-2", True),
+    ("diversity_metrics/entropy-1", "H1", True),
+    ("diversity_metrics/mean_pred_length", "Mean length", True),
+)
+# Curves with seed bands: (metric key in metrics.jsonl, title, file stem).
+CURVES: tuple[tuple[str, str, str], ...] = (
+    ("train/reward_mean", "Training reward (TF-IDF classifier P(positive), mean per iteration)", "reward"),
+    ("train/kl", "KL to the reference model (per token, nats)", "kl"),
+    ("eval/" + PERPLEXITY, "Policy perplexity on validation references", "perplexity"),
+    ("eval/" + SENTIMENT, "Validation sentiment (TF-IDF classifier, prompt + continuation)", "sentiment"),
+)
+DOC_START = "<!-- study:results:start -->"
+DOC_END = "<!-- study:results:end -->"
+
+
+def results_table(study: dict[str, Any]) -> dict[str, Any]:
+    """Per cell and test metric: mean, std over seeds, n and the per-seed values."""
+    cells: dict[str, Any] = {}
+    for cell in study["meta"]["cells"]:
+        runs = [r for r in study["runs"] if r["cell"] == cell]
+        metrics: dict[str, Any] = {}
+        keys = sorted({k for r in runs for k in r["result"]["test"]["metrics"]})
+        for k in keys:
+            per_seed = {
+                str(r["seed"]): r["result"]["test"]["metrics"].get(k)
+                for r in runs
+                if isinstance(r["result"]["test"]["metrics"].get(k), (int, float))
+            }
+            m, s = mean_std(list(per_seed.values()))
+            metrics[k] = {"mean": m, "std": s, "n": len(per_seed), "seeds": per_seed}
+        cells[cell] = {
+            "label": ALGORITHM_LABELS[cell],
+            "n_runs": len(runs),
+            "seeds": [r["seed"] for r in runs],
+            "metrics": metrics,
+            "paper": dict(zip(("sentiment", "perplexity"), PAPER_IMDB[cell])) if cell in PAPER_IMDB else None,
+        }
+    expected = len(study["meta"]["cells"]) * len(study["meta"].get("seeds") or []) or len(study["runs"])
+    return {
+        "study": study["meta"]["study"],
+        "budget": study["meta"]["budget"],
+        "cells": cells,
+        "n_runs": len(study["runs"]),
+        "expected_runs": expected,
+        "complete": len(study["runs"]) >= expected,
+    }
+
+
+def curves(study: dict[str, Any]) -> dict[str, Any]:
+    """Per curve metric and cell: steps, mean, std and n over seeds, and the per-seed series."""
+    out: dict[str, Any] = {}
+    per_run = {r["key"]: curve_points(r["dir"]) for r in study["runs"]}
+    for key, title, _stem in CURVES:
+        by_cell: dict[str, Any] = {}
+        for cell in study["meta"]["cells"]:
+            runs = [r for r in study["runs"] if r["cell"] == cell]
+            seeds = {str(r["seed"]): dict(per_run[r["key"]].get(key, [])) for r in runs}
+            steps = sorted({s for series in seeds.values() for s in series})
+            if not steps:
+                continue
+            mean, std, n = [], [], []
+            for s in steps:
+                m, sd = mean_std([series[s] for series in seeds.values() if s in series])
+                mean.append(m)
+                std.append(sd)
+                n.append(sum(s in series for series in seeds.values()))
+            by_cell[cell] = {
+                "steps": steps,
+                "mean": mean,
+                "std": std,
+                "n": n,
+                "seeds": {k: [v.get(s) for s in steps] for k, v in seeds.items()},
+            }
+        out[key] = {"title": title, "cells": by_cell}
+    return out
+
+
+def _fmt(v: float | None, digits: int = 3) -> str:
+    if v is None or not math.isfinite(v):
+        return "—"
+    return f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:.4g}"
+
+
+def _cell_value(entry: dict[str, Any] | None, digits: int) -> str:
+    if not entry or entry["mean"] is None:
+        return "—"
+    if entry["std"] is None:
+        return f"{_fmt(entry['mean'], digits)} (n={entry['n']})"
+    std = f"{entry['std']:.3g}" if abs(entry["mean"]) >= 1000 else _fmt(entry["std"], digits)
+    return f"{_fmt(entry['mean'], digits)} ± {std}"
+
+
+def markdown_report(table: dict[str, Any], claims: list[dict[str, Any]], figures: dict[str, str]) -> str:
+    """The results section of docs/reproduction.md: table, paper numbers, figures, verdicts."""
+    b = table["budget"]
+    lines = []
+    if not table.get("complete", True):
+        lines += [
+            f"**Partial: {table.get('n_runs')} of {table.get('expected_runs')} runs finished** — the table and "
+            "the verdicts below are provisional until every cell has all its seeds.",
+            "",
+        ]
+    lines += [
+        f"Study `{table['study']}`, budget `{b['name']}`: {b['description']}. Test split, "
+        f"{'all' if b['test_prompts'] is None else b['test_prompts']} prompts per run; mean ± std over seeds "
+        "(sample std; `n=1`: one seed, no spread).",
+        "",
+        "| cell | seeds | "
+        + " | ".join(label for _k, label, _h in TABLE_METRICS)
+        + " | paper sentiment / perplexity |",
+        "|---|---|" + "---|" * len(TABLE_METRICS) + "---|",
+    ]
+    for c in table["cells"].values():
+        vals = [
+            _cell_value(c["metrics"].get(k), 2 if "perplexity" in k or "length" in k else 3)
+            for k, _l, _h in TABLE_METRICS
+        ]
+        paper = f"{c['paper']['sentiment']:.3f} / {c['paper']['perplexity']:.2f}" if c["paper"] else "—"
+        lines.append(f"| {c['label']} | {len(c['seeds'])} | " + " | ".join(vals) + f" | {paper} |")
+    lines += [
+        "",
+        "The paper's numbers are GPT-2 on the full IMDB test set with a DistilBERT sentiment classifier; ours "
+        f"are {b.get('model') or 'SmolLM2-135M-Instruct'} with the shipped TF-IDF + logistic-regression "
+        "classifier trained on the IMDB train split (0.905 test accuracy; VADER as a second column), so compare "
+        "orderings, not values. "
+        "Perplexity is the same metric "
+        "(the policy's perplexity on the reference reviews, RL4LMs's definition).",
+        "",
+    ]
+    for _key, title, stem in CURVES:
+        if stem in figures:
+            lines.append(f"![{title}]({figures[stem]})")
+    lines += ["", "### Verdicts", ""]
+    for i, c in enumerate(claims, 1):
+        lines.append(f"**Claim {i}: {c['claim']}** — **{c['verdict']}**.")
+        for comp in c["comparisons"]:
+            if "rise" in comp:
+                lines.append(
+                    f"- {ALGORITHM_LABELS[comp['cell']]} perplexity {_fmt(comp['ppl'], 2)} vs Zero-shot "
+                    f"{_fmt(comp['ppl_zero_shot'], 2)} ({comp['rise']:+.1%}): {comp['outcome']}"
+                )
+            elif "diff" in comp:
+                noise = f", 2 SE {_fmt(comp['two_se'])}" if "two_se" in comp else ""
+                lines.append(
+                    f"- {ALGORITHM_LABELS[comp['a']]} − {ALGORITHM_LABELS[comp['b']]} sentiment "
+                    f"{comp['diff']:+.3f}{noise}: {comp['outcome']}"
+                )
+            else:
+                names = [
+                    ALGORITHM_LABELS.get(x, str(x))
+                    for x in (comp.get("cell"), comp.get("a"), comp.get("b"))
+                    if x
+                ]
+                who = " vs ".join(names)
+                lines.append(f"- {who}: {comp['outcome']}")
+        for s in c.get("stability", []):
+            lines.append(
+                f"- seed std of sentiment: {ALGORITHM_LABELS[s['a']]} {_fmt(s['std_a'])}, "
+                f"{ALGORITHM_LABELS[s['b']]} {_fmt(s['std_b'])}"
+            )
+        if c.get("note"):
+            lines.append(f"- {c['note']}")
+        lines.append("")
+    lines.append(
+        "Rule: a comparison counts when the difference of the seed means exceeds two standard errors of the "
+        "difference (Welch); a claim is *supported* when all its comparisons count in its direction, *not "
+        "supported at this scale* when one counts against it, *inconclusive* otherwise (within noise, or "
+        "fewer than two seeds). Two standard errors over three seeds is a coarse rule, not a significance test."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: str | Path, docs: str | Path | None = None) -> dict[str, Any]:
+    """Write ``DIR/report/``: results.json/.md, curves.json/.csv, one SVG per curve, verdicts.
+    With ``docs`` (docs/reproduction.md) the section between its study markers is replaced."""
+    study = load_study(out)
+    if not study["runs"]:
+        raise StudyError(f"{out}: no finished run yet (each run writes {RESULT_FILE} when evaluated)")
+    rep = Path(out) / "report"
+    rep.mkdir(parents=True, exist_ok=True)
+    table = results_table(study)
+    curve_data = curves(study)
+    claims = verdicts(table)
+    (rep / "results.json").write_text(json.dumps({**table, "verdicts": claims}, indent=2))
+    (rep / "curves.json").write_text(json.dumps(curve_data, indent=2))
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["metric", "cell", "step", "mean", "std", "n"])
+    for key, c in curve_data.items():
+        for cell, d in c["cells"].items():
+            for s, m, sd, n in zip(d["steps"], d["mean"], d["std"], d["n"]):
+                w.writerow([key, cell, s, m, "" if sd is None else sd, n])
+    (rep / "curves.csv").write_text(buf.getvalue())
+    figures = {}
+    for key, title, stem in CURVES:
+        (rep / f"{stem}.svg").write_text(svg_chart(title, curve_data.get(key, {})))
+        figures[stem] = f"{stem}.svg"
+    md = markdown_report(table, claims, figures)
+    (rep / "results.md").write_text(md)
+    if docs is not None:
+        docs = Path(docs)
+        fig_dir = docs.parent / "reproduction"
+        fig_dir.mkdir(parents=True, exist_ok=True)
+        for stem in figures:
+            shutil.copyfile(rep / f"{stem}.svg", fig_dir / f"{stem}.svg")
+        section = markdown_report(table, claims, {s: f"reproduction/{s}.svg" for s in figures})
+        text = docs.read_text()
+        if DOC_START not in text or DOC_END not in text:
+            raise StudyError(f"{docs}: no {DOC_START} ... {DOC_END} markers to fill")
+        head, rest = text.split(DOC_START, 1)
+        _old, tail = rest.split(DOC_END, 1)
+        docs.write_text(f"{head}{DOC_START}\n{section}{DOC_END}{tail}")
+    return {"table": table, "verdicts": claims, "dir": str(rep)}
