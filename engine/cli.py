@@ -377,7 +377,7 @@ def _add_study(sub: Any) -> None:
     """``study``: run, report, export or check a reproduction study."""
     st = sub.add_parser(
         "study",
-        help="reproduction studies: run a grid (resumable), report it, export reference runs (engine/study.py)",
+        help="reproduction studies: run a grid (resumable), report it, export reference runs (engine/study/)",
         description="python -m engine study grue-imdb --out DIR [--seeds 0 1 2] [--budget small|smoke] "
         "[--workers N]; python -m engine study report DIR [--docs docs/reproduction.md]; "
         "python -m engine study export DIR --out FILE.json.gz",
