@@ -106,6 +106,18 @@ def _support_stats(support: Any, mask: torch.Tensor) -> dict[str, float]:
     return {"rollout/support_frac": float(support[valid].float().mean())}
 
 
+def _add_drift_sums(sums: torch.Tensor, a: torch.Tensor, b: torch.Tensor, block: int = 1 << 20) -> None:
+    """Add Σ(a − b)² and Σb² to ``sums`` (fp64), ``block`` elements at a time. Why blocks: whole-tensor fp64
+    copies were up to ~0.7 GB of temporaries at once for SmolLM2's embedding (28M weights: two fp64
+    copies and their difference), made right after every update; blocks keep them at a few MB. The
+    same sums up to fp64 rounding."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    for i in range(0, a.numel(), block):
+        x, y = a[i : i + block].double(), b[i : i + block].double()
+        sums[0] += torch.sum((x - y) ** 2)
+        sums[1] += torch.sum(y**2)
+
+
 def _time_metrics(timings: dict[str, float], t0: float) -> dict[str, float]:
     """Seconds spent in each step of an iteration begun at ``t0`` (``time.perf_counter``)."""
     return {
@@ -362,8 +374,7 @@ class Trainer:
                 b = b.to_local() if hasattr(b, "to_local") else b
                 if a.shape != b.shape:
                     continue
-                sums[0] += torch.sum((a.double() - b.double()) ** 2)
-                sums[1] += torch.sum(b.double() ** 2)
+                _add_drift_sums(sums, a, b)
         if distributed.is_sharded():
             sums = distributed.all_sum(sums)
         diff, base = float(sums[0]), float(sums[1])

@@ -18,6 +18,7 @@ from engine.models.policy import (
     entropy_from_logprobs,
     full_logprobs,
     gather_logprobs,
+    lm_forward,
     restrict_logprobs,
     token_logprobs,
 )
@@ -200,6 +201,27 @@ class PPO(ActorCriticAlgorithm):
         temperature: float,
         autocast_dtype: torch.dtype | None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One minibatch's loss (policy, value and entropy terms in one graph) and its statistics."""
+        cfg = self.cfg
+        terms = self.policy_terms(
+            policy, batch, idx, advantages, temperature, autocast_dtype, want_values=True
+        )
+        v_loss, vclip = self.value_terms(terms.pop("values"), batch, idx, returns, terms)
+        loss = terms["pg_loss"] + cfg.vf_coef * v_loss - cfg.ent_coef * terms["entropy"]
+        return loss, self.minibatch_stats(terms, v_loss, vclip)
+
+    def policy_terms(
+        self,
+        policy: Any,
+        batch: Any,
+        idx: torch.Tensor,
+        advantages: torch.Tensor,
+        temperature: float,
+        autocast_dtype: torch.dtype | None,
+        want_values: bool,
+    ) -> dict[str, Any]:
+        """The policy's forward over one minibatch: its clipped loss ``pg_loss``, ``entropy``, the ratio
+        statistics, the generation columns ``tsl``, and (``want_values``) the values of the same pass."""
         cfg = self.cfg
         inputs, tsl, support = minibatch_inputs(batch, idx)
         device = inputs["gen_ids"].device
@@ -207,7 +229,7 @@ class PPO(ActorCriticAlgorithm):
         # the LM head's input (engine/models/head.py), no (B, T, V) temporaries.
         lazy = cfg.ent_coef == 0 and (support is None or isinstance(support, EosBan))
         with autocast(device, autocast_dtype):
-            logits, values = policy.forward_tokens(inputs, want_values=True, lazy_head=lazy)
+            logits, values = policy.forward_tokens(inputs, want_values=want_values, lazy_head=lazy)
         mask = inputs["gen_mask"]
         # The ratio uses the distribution sampled from (restricted to the stored support); the entropy
         # is the full tempered distribution's, the same one the KL penalty is computed on.
@@ -228,21 +250,52 @@ class PPO(ActorCriticAlgorithm):
         old_lp = batch.logprobs[idx][:, tsl]
         adv = advantages[idx][:, tsl]
         pg_loss, pg_stats = clipped_policy_loss(new_lp, old_lp, adv, mask, cfg.clip_range)
-        v_loss, vclip = clipped_value_loss(
-            values.float(), batch.values[idx][:, tsl], returns[idx][:, tsl], mask, cfg.clip_range_value
+        return {
+            "pg_loss": pg_loss,
+            "entropy": entropy,
+            "pg_stats": pg_stats,
+            "values": values,
+            "tsl": tsl,
+            "mask": mask,
+            "inputs": inputs,
+        }
+
+    def value_terms(
+        self,
+        values: torch.Tensor,
+        batch: Any,
+        idx: torch.Tensor,
+        returns: torch.Tensor,
+        terms: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clipped value loss of one minibatch's values and its clip fraction; ``terms`` (of
+        :meth:`policy_terms`) give the minibatch's generation columns and mask."""
+        tsl = terms["tsl"]
+        return clipped_value_loss(
+            values.float(),
+            batch.values[idx][:, tsl],
+            returns[idx][:, tsl],
+            terms["mask"],
+            self.cfg.clip_range_value,
         )
-        loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
-        stats = {
-            "loss/policy": pg_loss.detach(),
+
+    def minibatch_stats(
+        self, terms: dict[str, Any], v_loss: torch.Tensor, vclip: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """One minibatch's statistics; ``loss/total`` is the joint loss's value, the same expression
+        however the terms were backpropagated."""
+        cfg, pg_stats = self.cfg, terms["pg_stats"]
+        pg_loss, entropy = terms["pg_loss"].detach(), terms["entropy"].detach()
+        return {
+            "loss/policy": pg_loss,
             "loss/value": v_loss.detach(),
-            "loss/total": loss.detach(),
-            "policy/entropy": entropy.detach(),
+            "loss/total": pg_loss + cfg.vf_coef * v_loss.detach() - cfg.ent_coef * entropy,
+            "policy/entropy": entropy,
             "policy/approx_kl": pg_stats["approx_kl"],
             "policy/clipfrac": pg_stats["clipfrac"],
             "policy/ratio_mean": pg_stats["ratio"],
             "value/clipfrac": vclip,
         }
-        return loss, stats
 
     def learn(self, policy: Any, optimizer: Any, batch: Any, inputs: UpdateInputs) -> dict[str, float]:
         """PPO epochs over shuffled minibatches with gradient accumulation and approx-KL early stop."""
@@ -289,7 +342,6 @@ class PPO(ActorCriticAlgorithm):
     ) -> tuple[int, bool]:
         """The gradients of one optimizer step's minibatches (``grad_accumulation`` of them), their
         statistics added to ``sums``; returns (minibatches counted, whether approx-KL stopped the update)."""
-        cfg = self.cfg
         optimizer.zero_grad(set_to_none=True)
         advantages = inputs.advantages
         if self.whitens_per_minibatch:
@@ -298,17 +350,88 @@ class PPO(ActorCriticAlgorithm):
             rows = torch.cat(step).to(advantages.device)
             advantages = advantages.clone()
             advantages[rows] = normalize_minibatch(inputs.advantages[rows], batch.gen_mask[rows])
+        split = self.backprops_policy_first(policy)
         for k, idx in enumerate(step):
             idx = idx.to(batch.gen_ids.device)
+            if split:
+                stats, stop = self.split_minibatch(policy, batch, idx, advantages, inputs, len(step))
+                add_stats(sums, stats)
+                if stop:
+                    return k + 1, True
+                continue
             loss, stats = self.minibatch_loss(
                 policy, batch, idx, advantages, inputs.returns, inputs.temperature, inputs.autocast_dtype
             )
             # As SB3: the minibatch that triggers the early stop counts in the statistics
             # (its approx_kl is the reason for stopping), but it is not applied.
             add_stats(sums, stats)
-            # every rank must take the same branch: the decision reads the mean over ranks
-            approx_kl = distributed.all_mean(stats["policy/approx_kl"]) if cfg.target_kl else 0.0
-            if cfg.target_kl is not None and approx_kl > 1.5 * cfg.target_kl:
+            if self.stops_early(stats["policy/approx_kl"]):
                 return k + 1, True
             backward(loss / len(step), inputs.scaler)
         return len(step), False
+
+    def stops_early(self, approx_kl: torch.Tensor) -> bool:
+        """SB3's approx-KL early stop: this minibatch's KL above 1.5 × ``target_kl``. Every rank must take
+        the same branch, so the decision reads the mean over ranks."""
+        target = self.cfg.target_kl
+        if not target:  # None (or 0): no early stop, and no collective
+            return False
+        return distributed.all_mean(approx_kl) > 1.5 * target
+
+    def backprops_policy_first(self, policy: Any) -> bool:
+        """Whether a minibatch backpropagates the policy's loss before the critic's forward
+        (:meth:`split_minibatch`): with a separate critic. Why: one joint loss keeps both trunks'
+        activations alive until its backward (~0.5 GB of SmolLM2's at minibatch 4); the two losses
+        share no parameter, so two backward passes give each parameter the gradient the joint one
+        would, bit for bit (the same chain of products reaches it)."""
+        return getattr(policy, "critic", None) is not None
+
+    def split_minibatch(
+        self,
+        policy: Any,
+        batch: Any,
+        idx: torch.Tensor,
+        advantages: torch.Tensor,
+        inputs: UpdateInputs,
+        n: int,
+    ) -> tuple[dict[str, torch.Tensor], bool]:
+        """One minibatch with a separate critic: the policy's forward, the early-stop check, the policy's
+        backward (its activations freed), then the critic's forward and backward. The terms are those of
+        :meth:`minibatch_loss` (policy ``pg_loss - ent_coef·entropy``, critic ``vf_coef·value_loss``, each
+        over ``n``, the minibatches of the step). A stopping minibatch (counted in the statistics, as
+        SB3) is not applied: no backward, and its critic pass runs without a graph.
+        Returns (the minibatch's statistics, whether approx-KL stopped the update)."""
+        cfg = self.cfg
+        terms = self.policy_terms(
+            policy, batch, idx, advantages, inputs.temperature, inputs.autocast_dtype, want_values=False
+        )
+        stop = self.stops_early(terms["pg_stats"]["approx_kl"])
+        if not stop:
+            backward((terms["pg_loss"] - cfg.ent_coef * terms["entropy"]) / n, inputs.scaler)
+        with torch.set_grad_enabled(not stop):
+            values = critic_values(policy, terms["inputs"], inputs.autocast_dtype)
+            v_loss, vclip = self.value_terms(values, batch, idx, inputs.returns, terms)
+        if not stop:
+            backward(cfg.vf_coef * v_loss / n, inputs.scaler)
+        return self.minibatch_stats(terms, v_loss, vclip), stop
+
+
+def critic_values(
+    policy: Any, inputs: dict[str, torch.Tensor], autocast_dtype: torch.dtype | None
+) -> torch.Tensor:
+    """A separate critic's values (B, T) for one minibatch's inputs: the pass ``ActorCritic.forward_tokens``
+    makes for them (the critic's base model alone, no logits), without the policy's."""
+    with autocast(inputs["gen_ids"].device, autocast_dtype):
+        _, hidden = lm_forward(
+            policy.critic,
+            policy.is_seq2seq,
+            inputs["prompt_ids"],
+            inputs["prompt_mask"],
+            inputs["gen_ids"],
+            inputs["gen_mask"],
+            policy.decoder_start_id,
+            want_hidden=True,
+            lazy_head=True,
+            need_logits=False,
+        )
+        return policy.value_head(hidden)
