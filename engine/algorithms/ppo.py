@@ -381,7 +381,7 @@ class PPO(ActorCriticAlgorithm):
     def backprops_policy_first(self, policy: Any) -> bool:
         """Whether a minibatch backpropagates the policy's loss before the critic's forward
         (:meth:`split_minibatch`): with a separate critic. Why: one joint loss keeps both trunks'
-        activations alive until its backward (~0.5 GB of SmolLM2's at minibatch 4); the two losses
+        activations alive until its backward (estimated ~0.5 GB of SmolLM2's at minibatch 4); the two losses
         share no parameter, so two backward passes give each parameter the gradient the joint one
         would, bit for bit (the same chain of products reaches it)."""
         return getattr(policy, "critic", None) is not None
@@ -399,14 +399,18 @@ class PPO(ActorCriticAlgorithm):
         backward (its activations freed), then the critic's forward and backward. The terms are those of
         :meth:`minibatch_loss` (policy ``pg_loss - ent_coef·entropy``, critic ``vf_coef·value_loss``, each
         over ``n``, the minibatches of the step). A stopping minibatch (counted in the statistics, as
-        SB3) is not applied: no backward, and its critic pass runs without a graph.
+        SB3) is not applied: no backward, and its critic pass runs without a graph (under bf16 on the
+        CPU that pass takes SDPA instead of the training attention, so that minibatch's value
+        statistics may differ from a graph pass's by rounding; gradients are untouched).
         Returns (the minibatch's statistics, whether approx-KL stopped the update)."""
         cfg = self.cfg
         terms = self.policy_terms(
             policy, batch, idx, advantages, inputs.temperature, inputs.autocast_dtype, want_values=False
         )
         stop = self.stops_early(terms["pg_stats"]["approx_kl"])
-        if not stop:
+        if stop:  # nothing to backpropagate: let the policy's graph go before the critic's pass
+            terms["pg_loss"], terms["entropy"] = terms["pg_loss"].detach(), terms["entropy"].detach()
+        else:
             backward((terms["pg_loss"] - cfg.ent_coef * terms["entropy"]) / n, inputs.scaler)
         with torch.set_grad_enabled(not stop):
             values = critic_values(policy, terms["inputs"], inputs.autocast_dtype)
