@@ -24,7 +24,7 @@ from typing import Any
 from engine.config import parse_config
 from engine.models.loading import detect_kind, load_lm, load_tokenizer, resolve_model_path
 
-__all__ = ["CheckpointExportError", "export_checkpoint"]
+__all__ = ["CheckpointExportError", "export_checkpoint", "generate_from_checkpoint"]
 
 STATE_FILE = "state.pt"
 LM_PREFIX = "lm."
@@ -35,11 +35,14 @@ class CheckpointExportError(ValueError):
     """A checkpoint that cannot become a model directory; the message says why."""
 
 
-def export_checkpoint(config: Mapping[str, Any], checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write ``out_dir`` (replaced atomically: a half-written export never looks complete) with the
-    checkpoint's policy as a Hugging Face model; returns it."""
+def _load_checkpoint_lm(
+    config: Mapping[str, Any], checkpoint_dir: str | Path
+) -> tuple[Any, Any, dict[str, Any], Path, str]:
+    """``(parsed config, the run's model with the checkpoint's policy weights, its value head's
+    tensors, model path, kind)``;
+    refuses LoRA checkpoints, files that are not the engine's ``state.pt``, and weights that do not
+    fit the run's model, each with the reason."""
     import torch
-    from safetensors.torch import save_file
 
     cfg = parse_config(dict(config))
     if cfg.model.lora.enabled:
@@ -70,6 +73,16 @@ def export_checkpoint(config: Mapping[str, Any], checkpoint_dir: str | Path, out
             f"{ckpt.name}: its weights do not fit the run's model {cfg.model.name_or_path!r} "
             f"(missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]})"
         )
+    head = {k[len(HEAD_PREFIX) :]: v.contiguous() for k, v in policy.items() if k.startswith(HEAD_PREFIX)}
+    return cfg, lm, head, path, kind
+
+
+def export_checkpoint(config: Mapping[str, Any], checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write ``out_dir`` (replaced atomically: a half-written export never looks complete) with the
+    checkpoint's policy as a Hugging Face model; returns it."""
+    from safetensors.torch import save_file
+
+    cfg, lm, head, path, _kind = _load_checkpoint_lm(config, checkpoint_dir)
     tok_path = resolve_model_path(cfg.tokenizer.name_or_path) if cfg.tokenizer.name_or_path else path
     tok = load_tokenizer(tok_path, pad_as_eos=cfg.tokenizer.pad_token_as_eos_token)
     out = Path(out_dir)
@@ -78,12 +91,45 @@ def export_checkpoint(config: Mapping[str, Any], checkpoint_dir: str | Path, out
     tmp.mkdir(parents=True)
     lm.save_pretrained(str(tmp))
     tok.save_pretrained(str(tmp))
-    head = {k[len(HEAD_PREFIX) :]: v.contiguous() for k, v in policy.items() if k.startswith(HEAD_PREFIX)}
     if head:
         save_file(head, str(tmp / "value_head.safetensors"))
     shutil.rmtree(out, ignore_errors=True)
     os.rename(tmp, out)
     return out
+
+
+def generate_from_checkpoint(
+    config: Mapping[str, Any], checkpoint_dir: str | Path, n_prompts: int, split: str | None = None
+) -> tuple[list[Any], list[str]]:
+    """``(prompts, generations)``: the checkpoint's policy on ``n_prompts`` prompts of the run's
+    evaluation split, decoded with the run's evaluation settings and seed.
+
+    Why: a run's periodic evaluations store only the first ``train.log_samples`` generations, too few
+    for a gold with a small standard error; re-generating from each checkpoint on more prompts gives
+    every checkpoint the same larger prompt set. The prompts are the task's seeded subset of that
+    size (``task.max_eval_samples`` = ``n_prompts``; the same prompts for every checkpoint), the
+    policy is sampled unmasked (an NLPO run's mask needs its training state)."""
+    from engine.data import load_task
+    from engine.evaluation import generate_texts
+    from engine.models.loading import autocast_dtype, resolve_device
+    from engine.models.policy import decoder_start_of
+
+    cfg, lm, _head, path, kind = _load_checkpoint_lm(config, checkpoint_dir)
+    tok_path = resolve_model_path(cfg.tokenizer.name_or_path) if cfg.tokenizer.name_or_path else path
+    tok = load_tokenizer(
+        tok_path, cfg.tokenizer.padding_side, cfg.tokenizer.truncation_side,
+        cfg.tokenizer.pad_token_as_eos_token, kind=kind,
+    )  # fmt: skip
+    task = cfg.task.model_copy(update={"max_eval_samples": int(n_prompts)})
+    samples = load_task(task, split or cfg.eval.split)[: int(n_prompts)]
+    device = resolve_device(cfg.model.device)
+    lm = lm.to(device)
+    gens = generate_texts(
+        lm, kind == "seq2seq", tok, [s.prompt for s in samples], cfg.eval.generation,
+        cfg.tokenizer.max_prompt_length, device, autocast_dtype(cfg.model.mixed_precision, device),
+        seed=cfg.train.seed, decoder_start_id=decoder_start_of(lm, kind == "seq2seq"),
+    )  # fmt: skip
+    return samples, gens
 
 
 def _tied(lm: Any, name: str) -> bool:

@@ -466,3 +466,84 @@ def test_pruned_checkpoints_are_not_offered_and_refused_by_name(
     )
     r = researcher_client.post(f"/runs/{run.pk}/checkpoints/10/export/", follow=True)
     assert "Export not started: step: checkpoint rl-000010 (step 10)" in r.content.decode()
+
+
+# ------------------------------------------------------------------- re-generate on more prompts
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [("abc", "'abc' is not a whole number"), ("0", "between 1 and 512 per checkpoint (got 0)"),
+     ("513", "between 1 and 512 per checkpoint (got 513)"), ("2.5", "'2.5' is not a whole number")],
+)  # fmt: skip
+def test_bad_prompt_counts_name_the_field(value: str, text: str) -> None:
+    from webapp.runs import gold_jobs
+
+    with pytest.raises(gold_jobs.GoldJobError) as err:
+        gold_jobs.clean_prompts(value)
+    assert err.value.field == "prompts" and text in err.value.message
+    assert gold_jobs.clean_prompts(" ") is None and gold_jobs.clean_prompts("12") == 12
+
+
+@pytest.mark.django_db
+def test_regenerating_needs_a_checkpoint_on_disk(researcher_client: Any, runs_dir: Path) -> None:
+    import shutil
+
+    run = _run_with_evaluations(runs_dir)
+    shutil.rmtree(runs_dir / f"run-{run.pk}/checkpoints")  # both pruned
+    r = researcher_client.post(
+        f"/runs/{run.pk}/gold/", {"gold": "reward:rubric", "args": RUBRIC_ARGS, "prompts": "8"}
+    )
+    assert r.status_code == 400
+    page = r.content.decode()
+    assert f"Gold not started: prompts: run #{run.pk} has no checkpoint on disk to re-generate from" in page
+    assert 'id="gold-prompts" min="1" max="512" value="8"' in page
+    r = researcher_client.post(
+        f"/runs/{run.pk}/gold/", {"gold": "reward:rubric", "args": RUBRIC_ARGS, "prompts": "9999"}
+    )
+    assert (
+        "Gold not started: prompts: must be between 1 and 512 per checkpoint (got 9999)" in r.content.decode()
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gold_regenerated_from_each_checkpoint_by_the_worker(
+    researcher_client: Any, celery_worker: Any, runs_dir: Path
+) -> None:
+    """The real worker loads each checkpoint on disk (a tiny GPT-2), samples it on 5 prompts of the
+    run's evaluation split and scores them; a pruned checkpoint is skipped. Two checkpoints with the
+    same weights get the same gold: the same prompts and seed for every checkpoint."""
+    from webapp.runs import services
+    from webapp.runs.forms import load_preset
+    from webapp.runs.models import Artifact, Checkpoint, MetricPoint, Run, RunStatus
+
+    config = load_preset("synthetic_ppo")
+    config["name"] = "regenerated"
+    run = services.create_run(config)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+    for step in (10, 20):
+        path = runs_dir / f"run-{run.pk}/checkpoints/rl-{step:06d}"
+        _write_checkpoint(path, marker=0.5)
+        Checkpoint.objects.create(run=run, step=step, path=str(path))
+    Checkpoint.objects.create(run=run, step=5, path=str(runs_dir / f"run-{run.pk}/checkpoints/rl-000005"))
+    r = researcher_client.post(
+        f"/runs/{run.pk}/gold/",
+        {"gold": "reward:rubric", "args": RUBRIC_ARGS, "label": "more", "prompts": "5"},
+    )
+    assert r.status_code == 302, r.content.decode()[-2000:]
+    job = Artifact.objects.get(run=run, kind="gold-job")
+    assert job.meta["prompts"] == 5
+
+    def done() -> bool:
+        job.refresh_from_db()
+        assert job.meta["status"] != "failed", job.meta["error"] + "\n" + celery_worker.log()[-3000:]
+        return job.meta["status"] == "succeeded"
+
+    wait_for_condition(done, timeout=300, interval=0.2, what="the re-generating gold job")
+    assert [(s["step"], s["n"]) for s in job.meta["steps"]] == [(10, 5), (20, 5)]
+    gold = dict(MetricPoint.objects.filter(run=run, key="eval/gold:more").values_list("step", "value"))
+    assert set(gold) == {10, 20} and 0 <= gold[10] <= 1
+    assert gold[10] == pytest.approx(gold[20])
+    page = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert "re-generated on 5 prompts per checkpoint" in page

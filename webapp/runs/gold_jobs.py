@@ -36,7 +36,7 @@ import math
 import re
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,8 @@ ACTIVE = ("queued", "running")
 #: The states of a gold job the page keeps polling (a cancel request waits for the worker's next step).
 GOLD_ACTIVE = (*ACTIVE, "cancelling")
 ENDED = ("succeeded", "failed", "cancelled")
+#: Most prompts a gold job re-generates per checkpoint (each checkpoint is loaded and sampled on them).
+MAX_PROMPTS = 512
 MAX_ARGS_CHARS = 20_000
 LABEL = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 #: Rewards that make no sense as a gold chosen here (``weighted_sum`` needs components).
@@ -146,6 +148,21 @@ def clean_gold_request(choice: str, args_text: str, label: str) -> tuple[dict[st
     return spec, label
 
 
+def clean_prompts(value: str | int | None) -> int | None:
+    """The "prompts per checkpoint" option: empty for the stored evaluation generations, else a whole
+    number in 1..MAX_PROMPTS; anything else is a :class:`GoldJobError` naming ``prompts``."""
+    text = str(value if value is not None else "").strip()
+    if not text:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise GoldJobError("prompts", f"{text[:20]!r} is not a whole number") from None
+    if not 1 <= n <= MAX_PROMPTS:
+        raise GoldJobError("prompts", f"must be between 1 and {MAX_PROMPTS} per checkpoint (got {n})")
+    return n
+
+
 # ---------------------------------------------------------------------------------------- jobs rows
 
 
@@ -167,7 +184,9 @@ def job_json(job: Artifact) -> dict[str, Any]:
         "error": m.get("error", ""),
     }
     if job.kind == GOLD_KIND:
-        out.update(key=m.get("key", ""), gold=m.get("gold", ""), steps=m.get("steps", []))
+        out.update(
+            key=m.get("key", ""), gold=m.get("gold", ""), steps=m.get("steps", []), prompts=m.get("prompts")
+        )
     else:
         out.update(step=m.get("step"), path=job.path if m.get("status") == "succeeded" else "")
     return out
@@ -179,12 +198,25 @@ def _check_writable(run: Run) -> None:
 
 
 def start_gold_job(
-    run: Run, spec: dict[str, Any], label: str, user: Any = None, enqueue: bool = True
+    run: Run,
+    spec: dict[str, Any],
+    label: str,
+    user: Any = None,
+    enqueue: bool = True,
+    prompts: int | None = None,
 ) -> Artifact:
-    """Queue the scoring of ``spec`` on the run's evaluation generations (after the commit)."""
+    """Queue the scoring of ``spec`` on the run's evaluation generations (after the commit), or, with
+    ``prompts``, on generations re-made from each checkpoint still on disk on that many prompts."""
     _check_writable(run)
     key = KEY_PREFIX + label
-    if not eval_steps(run.pk):
+    if prompts is not None:
+        prompts = clean_prompts(prompts)
+        if not existing_checkpoints(run.pk)[0]:
+            raise GoldJobError(
+                "prompts",
+                f"run #{run.pk} has no checkpoint on disk to re-generate from (pruned or never saved)",
+            )
+    elif not eval_steps(run.pk):
         raise GoldJobError(
             "run", "this run stored no evaluation generations (evaluation split samples) to score"
         )
@@ -202,7 +234,7 @@ def start_gold_job(
         job = Artifact.objects.create(
             run=run, name=label, kind=GOLD_KIND, path="",
             meta={"status": "queued", "task_id": task_id, "spec": spec, "key": key, "gold": _describe(spec),
-                  "done": 0, "total": 0, "steps": [], "error": "",
+                  "done": 0, "total": 0, "steps": [], "error": "", "prompts": prompts,
                   "by": getattr(user, "username", "") if getattr(user, "is_authenticated", False) else ""},
         )  # fmt: skip
         if enqueue:
@@ -422,17 +454,48 @@ def paired_samples(run: Run) -> dict[int, list[Sample]]:
     return {s: loose[s] for s in steps}
 
 
+Produce = Callable[[], tuple[list[str], list[str], list[list[str]]]]
+
+
+def _work(run: Run, meta: Mapping[str, Any]) -> list[tuple[int, Produce]]:
+    """``(step, produce)`` per point the job stores: the stored evaluation generations of each
+    evaluation step (paired prompts), or, with ``prompts``, each checkpoint on disk re-generating on
+    that many prompts of the evaluation split (loaded one at a time, when its turn comes)."""
+    n = meta.get("prompts")
+    if n:
+        from engine.checkpoint_export import generate_from_checkpoint
+
+        def regenerate(ckpt: Checkpoint) -> Produce:
+            def produce() -> tuple[list[str], list[str], list[list[str]]]:
+                samples, gens = generate_from_checkpoint(run.config or {}, checkpoint_dir(ckpt), int(n))
+                return [s.prompt for s in samples], gens, [list(s.references or []) for s in samples]
+
+            return produce
+
+        return [(int(c.step), regenerate(c)) for c in existing_checkpoints(run.pk)[0]]
+
+    def stored(samples: list[Sample]) -> Produce:
+        return lambda: (
+            [s.prompt for s in samples],
+            [s.generation for s in samples],
+            [list(s.references or []) for s in samples],
+        )
+
+    return [(step, stored(samples)) for step, samples in sorted(paired_samples(run).items())]
+
+
 def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
-    """The worker's part: score every evaluation step's generations with the gold and store the
-    means (and the rubric's per-criterion means) as metric points, step by step, with progress."""
+    """The worker's part: score every evaluation step's generations (or each checkpoint's new ones)
+    with the gold and store the means (and the rubric's per-criterion means) as metric points, step
+    by step, with progress; a cancel request stops it before the next step."""
     from engine.metrics.gold import GoldReward  # torch-bound rewards load in the worker only
 
     job = _claim(job_id, task_id)
     if job is None:
         return {"id": job_id, "status": "not claimed"}
     meta = job.meta
-    per_step = paired_samples(Run.objects.get(pk=job.run_id))
-    _update(job_id, task_id, total=len(per_step), done=0)
+    work = _work(Run.objects.get(pk=job.run_id), meta)
+    _update(job_id, task_id, total=len(work), done=0)
     try:
         metric = GoldReward(reward=meta["spec"])
     except Exception as exc:  # noqa: BLE001 - the reason goes on the job, the page shows it
@@ -442,16 +505,13 @@ def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
         return {"id": job_id, "status": "failed"}
     key = meta["key"]
     steps_out: list[dict[str, Any]] = []
-    for done, (step, samples) in enumerate(sorted(per_step.items()), 1):
+    for done, (step, produce) in enumerate(work, 1):
         if _cancel_requested(job_id):  # before each step: the steps already scored are kept
             _update(job_id, task_id, status="cancelled")
             return {"id": job_id, "status": "cancelled", "steps": len(steps_out)}
         try:
-            result = metric.compute(
-                [s.prompt for s in samples],
-                [s.generation for s in samples],
-                [list(s.references or []) for s in samples],
-            )
+            prompts, generations, references = produce()
+            result = metric.compute(prompts, generations, references)
         except Exception as exc:  # noqa: BLE001
             _update(job_id, task_id, status="failed", error=f"step {step}: {type(exc).__name__}: {exc}")
             return {"id": job_id, "status": "failed"}
@@ -461,7 +521,7 @@ def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
             if name != "gold":
                 points.append((key + name[len("gold") :], step, m))
         ingest.ingest_metrics(job.run_id, points, returning=False)
-        steps_out.append({"step": step, "mean": mean, "se": _se(values or []), "n": len(samples)})
+        steps_out.append({"step": step, "mean": mean, "se": _se(values or []), "n": len(generations)})
         if not _update(job_id, task_id, done=done, steps=steps_out):
             return {"id": job_id, "status": "superseded"}
     _update(job_id, task_id, status="succeeded")  # "cancelled" if a cancel came during the last step

@@ -36,19 +36,26 @@ def gold_start(request: HttpRequest, pk: int) -> HttpResponse:
     its own keeps that off the run page). POST: validate, queue, back to the run page's panel; a
     refusal shows the form again with the message naming the field and the values kept."""
     run = get_object_or_404(Run, pk=pk)
-    values = {k: request.POST.get(k, "") for k in ("gold", "args", "label")}
+    values = {k: request.POST.get(k, "") for k in ("gold", "args", "label", "prompts")}
     error, field = "", ""
     if request.method == "POST":
         try:
             spec, label = gold_jobs.clean_gold_request(values["gold"], values["args"], values["label"])
-            job = gold_jobs.start_gold_job(run, spec, label, user=request.user)
+            prompts = gold_jobs.clean_prompts(values["prompts"])
+            job = gold_jobs.start_gold_job(run, spec, label, user=request.user, prompts=prompts)
         except gold_jobs.GoldJobError as exc:
             error, field = f"Gold not started: {exc}", exc.field.split(".", 1)[0]
         else:
-            messages.success(request, f"Gold {job.name!r} queued: scoring the evaluation generations.")
+            what = (
+                f"re-generating on {prompts} prompts per checkpoint, then scoring"
+                if prompts
+                else "scoring the evaluation generations"
+            )
+            messages.success(request, f"Gold {job.name!r} queued: {what}.")
             return _back(run)
     ctx = {"run": run, "choices": gold_jobs.gold_choices(), "values": values, "error": error, "field": field,
-           "n_steps": len(gold_jobs.eval_steps(run.pk))}  # fmt: skip
+           "n_steps": len(gold_jobs.eval_steps(run.pk)), "max_prompts": gold_jobs.MAX_PROMPTS,
+           "n_checkpoints": len(gold_jobs.existing_checkpoints(run.pk)[0])}  # fmt: skip
     return render(request, "runs/gold_new.html", ctx, status=400 if error else 200)
 
 
