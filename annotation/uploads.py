@@ -28,6 +28,7 @@ from annotation.campaigns import (
 )
 from annotation.errors import AnnotationError, UploadError
 from annotation.models import Campaign, CampaignKind, Item, Pairing
+from engine.jsonl import split_lines
 
 MAX_SYSTEM_ID = 200  # Item.system_a / system_b columns
 
@@ -198,7 +199,8 @@ def parse_upload(
     systems: dict[str, None] = {}
     n_items = 0
     n_lines = 0
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # Rows end at line breaks only: a U+2028 inside an output's string does not split its row.
+    for lineno, line in enumerate(split_lines(text), 1):
         if not line.strip():
             continue
         n_lines += 1

@@ -24,13 +24,14 @@ the same evaluations (its last value above its first). Pure Python, no torch: th
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from engine.jsonl import read_jsonl
 
 __all__ = [
     "DEFAULT_FALLS",
@@ -188,7 +189,8 @@ def watch_run_dir(
 ) -> tuple[Watch, str]:
     """The watch of a run directory (metrics.jsonl, checkpoints/rl-<step>), and the proxy key used."""
     run_dir = Path(run_dir)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    # The run may still be writing: a last line cut short is passed over, as the study reader does.
+    rows = read_jsonl(run_dir / "metrics.jsonl", skip_invalid=True)
     keys = {gold_key, KL_KEY, *PROXY_KEYS}
     series = {k: series_from_rows(rows, k) for k in keys}
     proxy_key, proxy = pick_proxy(series)

@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 from engine.client import ApiError, Client
 from engine.events import NullSink
-from engine.jsonl import iter_jsonl
+from engine.jsonl import read_jsonl
 
 MAX_BATCH_BYTES = 6 * 1024 * 1024  # the API refuses bodies over 8 MiB; headroom for the envelope
 MAX_EVENTS = 5000  # the API's limits per batch (webapp/api/ingest.py)
@@ -492,9 +492,7 @@ def push_outbox(client: Client, run_dir: str | Path) -> dict[int, tuple[int, int
         run_id = int(outbox.stem.split("-", 1)[1])
         ack = acked_path(spool, run_id)
         acked = json.loads(ack.read_text())["seq"] if ack.exists() else 0
-        items = [
-            item for _n, item in iter_jsonl(outbox.read_text(encoding="utf-8").splitlines(), str(outbox))
-        ]
+        items = read_jsonl(outbox)
         replaced = {item["split_of"] for item in items if item.get("split_of")}
         todo = deque(
             sorted(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.events import NullSink
-from engine.jsonl import iter_jsonl
+from engine.jsonl import iter_jsonl, split_lines
 
 
 def _jsonable(v: Any) -> Any:
@@ -42,7 +42,7 @@ class RunDirSink(NullSink):
             p = self.run_dir / name
             if not p.exists():
                 continue
-            lines = p.read_text(encoding="utf-8").splitlines()
+            lines = split_lines(p.read_text(encoding="utf-8"))
             kept = []
             for lineno, obj in iter_jsonl(lines, str(p), skip_invalid=True):
                 is_rl = obj.get("phase", "rl") == "rl"

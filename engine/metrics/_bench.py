@@ -8,9 +8,9 @@ bare concept list ("field look stand") as a weak baseline; prints seconds per me
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
+from engine.jsonl import iter_jsonl_file
 from engine.metrics import build_metrics, compute_all
 
 
@@ -21,13 +21,11 @@ def main() -> None:
     args = ap.parse_args()
 
     rows = []
-    with open(args.commongen, encoding="utf-8") as fh:
-        for line in fh:
-            r = json.loads(line)
-            if len(r["scene"]) >= 2:
-                rows.append(r)
-            if len(rows) == args.n:
-                break
+    for _n, r in iter_jsonl_file(args.commongen):
+        if len(r["scene"]) >= 2:
+            rows.append(r)
+        if len(rows) == args.n:
+            break
     prompts = ["generate a sentence with: " + " ".join(r["concepts"]) for r in rows]
     refs = [r["scene"][1:] for r in rows]
     systems = {"human": [r["scene"][0] for r in rows], "concepts": [" ".join(r["concepts"]) for r in rows]}

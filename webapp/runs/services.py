@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from engine import launch_checks
 from engine.config import ConfigError, parse_config
-from engine.jsonl import iter_jsonl
+from engine.jsonl import iter_jsonl_file
 from webapp.runs import ingest, paths, protocol
 from webapp.runs.errors import (  # noqa: F401 - what these functions raise: callers catch services.ServiceError & co.
     BrokerUnavailable,
@@ -249,19 +249,13 @@ def update_run_meta(
 # --------------------------------------------------------------------------- import of CLI runs
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """A run directory's JSONL file, line by line (a bad line is a ``ServiceError`` naming file and line)."""
-    with path.open(encoding="utf-8") as fh:
-        yield from iter_jsonl(fh, str(path), error=ServiceError)
-
-
 _METRIC_META_KEYS = {"step", "time", "timestamp", "event", "type", "iteration", "split", "phase"}
 
 
 def _metric_rows(path: Path) -> Iterable[tuple[str, int, float | None]]:
     """Accepts ``{"step", "key", "value"}`` lines, ``{"step", "metrics"|"values": {...}}`` lines and
     flat ``{"step": s, "<key>": value, ...}`` lines (what the engine's JSONL sink may write)."""
-    for lineno, obj in _read_jsonl(path):
+    for lineno, obj in iter_jsonl_file(path, error=ServiceError):
         step = obj.get("step", obj.get("iteration"))
         if step is None:
             raise ServiceError(f"{path}: line {lineno}: missing 'step'")
@@ -369,7 +363,7 @@ def _import_rows(
     samples_path = root / "samples.jsonl"
     if samples_path.exists():
         groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
-        for lineno, obj in _read_jsonl(samples_path):
+        for lineno, obj in iter_jsonl_file(samples_path, error=ServiceError):
             if "prompt" not in obj or "generation" not in obj:
                 raise ServiceError(f"{samples_path}: line {lineno}: a sample needs 'prompt' and 'generation'")
             groups.setdefault((int(obj.get("step", 0)), str(obj.get("split", "train"))), []).append(obj)
