@@ -174,3 +174,40 @@ def test_cancel_a_gold_job_from_the_run_page(
     expect(row.locator(".job-status")).to_have_text("cancelled")
     expect(row.locator("button.gold-cancel")).to_have_count(0)
     assert Artifact.objects.get(pk=job.pk).meta["status"] == "cancelled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compare_view_draws_each_runs_human_gold(
+    page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    """Two runs, each with a campaign over its checkpoints judged by people: the compare view's gold
+    menu offers their human golds; picking "each run's newest" draws both on the step and √KL charts
+    (proxy, gold and best star per run) with the best checkpoints and the campaigns' notes."""
+    from annotation import campaigns
+    from tests.annotation.conftest import make_user
+    from tests.annotation.test_checkpoint_campaigns import _judge_all, _run_with_checkpoints
+    from webapp.runs import ingest
+
+    first = _run_with_checkpoints("first")
+    second = _run_with_checkpoints("second")
+    for run, prefer, tag in ((first, 20, "a"), (second, 30, "b")):
+        ingest.ingest_metrics(run.pk, [("train/kl_episode", s, s / 10) for s in (5, 10, 20, 30)])
+        camp = campaigns.create_campaign_from_checkpoints(f"people {tag}", run.pk, overlap=2)
+        _judge_all(camp, [make_user(f"{tag}{i}") for i in range(2)], prefer=prefer)
+
+    login(page, asgi_server.url, researcher)
+    page.goto(f"{asgi_server.url}/compare/?ids={first.pk},{second.pk}", timeout=120_000)
+    page.select_option("#overopt-gold", "human:*")
+    page.click("#overopt-form button[type=submit]")
+    page.wait_for_url("**gold=human%3A*", timeout=60_000)
+    table = page.locator("#overopt-table")
+    expect(table.locator(f"tr[data-run='{first.pk}'] td").nth(3)).to_have_text("20")
+    expect(table.locator(f"tr[data-run='{second.pk}'] td").nth(3)).to_have_text("30")
+    expect(page.locator(f"#overopt-source-notes p[data-run='{second.pk}']")).to_contain_text("people b")
+    for chart in ("#overopt-by-step", "#overopt-by-kl"):
+        # per run: proxy, gold and the best-by-gold star
+        page.wait_for_function(f"() => document.querySelector('{chart}').dataset.traces === '6'")
+    names = page.evaluate("() => document.querySelector('#overopt-by-step').data.map(t => t.name)")
+    assert any("gold (human: people a" in n for n in names) and any(
+        "gold (human: people b" in n for n in names
+    )
