@@ -45,12 +45,14 @@ def gpt2_tokenizer_dir() -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tok-"))
     shutil.copyfile(data / "encoder.json", tmp / "vocab.json")
     shutil.copyfile(data / "vocab.bpe", tmp / "merges.txt")
-    _atomic_move(tmp, out)
+    publish_dir(tmp, out)
     return out
 
 
-def _atomic_move(tmp: Path, out: Path) -> None:
-    """Publish a finished directory; a concurrent builder that won the race is fine."""
+def publish_dir(tmp: Path, out: Path) -> None:
+    """Publish a directory built under a temporary name next to ``out`` (one rename, so a reader
+    never sees it half-written); a concurrent builder that won the race is fine. Every model-cache
+    writer (the tokenizer and tiny models here, the GGUF import in ``loading``) publishes through it."""
     try:
         os.rename(tmp, out)
     except OSError:
@@ -103,5 +105,5 @@ def builtin_model_dir(name: str) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{key}-"))
     model.save_pretrained(str(tmp))
     tok.save_pretrained(str(tmp))
-    _atomic_move(tmp, out)
+    publish_dir(tmp, out)
     return out

@@ -7,14 +7,13 @@ repo), because transformers dequantises GGUF on every load (slow) and refuses to
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from engine.config import RIGHT_PADDING_CAUSAL
-from engine.models.builtin import builtin_model_dir, cache_root, is_builtin
+from engine.models.builtin import builtin_model_dir, cache_root, is_builtin, publish_dir
 
 
 class ModelLoadError(RuntimeError):
@@ -80,12 +79,7 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path | None = None, force:
     tok.save_pretrained(str(tmp))
     if out.exists() and force:
         shutil.rmtree(out)
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not out.exists():
-            raise
+    publish_dir(tmp, out)
     return out
 
 
