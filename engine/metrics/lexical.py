@@ -166,15 +166,18 @@ class _SacreMetric(Metric):
         raise NotImplementedError
 
     def __init__(self, **kwargs: Any):
+        self._corpus_metric: Any = None  # a ``_make`` that needs other settings for the corpus sets it
         try:
             self._metric = self._make(**kwargs)
         except (TypeError, KeyError, ValueError) as exc:
             raise MetricError(f"{self.key}: bad sacrebleu arguments {kwargs}: {exc!r}") from exc
+        if self._corpus_metric is None:
+            self._corpus_metric = self._metric
         self.reward_key = self.key
 
     def compute(self, prompts, generations, references, meta=None) -> MetricResult:
         check_inputs(prompts, generations, references, meta, need_references=True)
-        corpus = self._metric.corpus_score(list(generations), _ref_streams(references)).score / 100.0
+        corpus = self._corpus_metric.corpus_score(list(generations), _ref_streams(references)).score / 100.0
         per = [self._metric.sentence_score(g, list(r)).score / 100.0 for g, r in zip(generations, references)]
         return {self.key: (per, corpus)}
 
@@ -194,12 +197,6 @@ class SacreBleu(_SacreMetric):
         # effective_order only makes sense for sentences; corpus BLEU keeps all orders.
         self._corpus_metric = BLEU(**{k: v for k, v in kwargs.items() if k != "effective_order"})
         return BLEU(**{"effective_order": True, **kwargs})
-
-    def compute(self, prompts, generations, references, meta=None) -> MetricResult:
-        check_inputs(prompts, generations, references, meta, need_references=True)
-        corpus = self._corpus_metric.corpus_score(list(generations), _ref_streams(references)).score / 100.0
-        per = [self._metric.sentence_score(g, list(r)).score / 100.0 for g, r in zip(generations, references)]
-        return {self.key: (per, corpus)}
 
 
 @metrics.register("chrf", "chrF (sacrebleu), divided by 100")
