@@ -223,13 +223,20 @@ def sweep_new(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _sweep_metric(request: HttpRequest, tag: str) -> str:
+    """The final metric a sweep's page and its status poll show (``?metric=``, the mean reward by
+    default), read in one place so the page and its poll always agree; a tag that is not a sweep's
+    is a 404."""
+    if not tag.startswith(sweeps.TAG_PREFIX):
+        raise Http404("not a sweep")
+    return request.GET.get("metric", "").strip()[:200] or "train/reward_mean"
+
+
 @researcher_required
 @require_GET
 def sweep_detail(request: HttpRequest, tag: str) -> HttpResponse:
     """The runs of one sweep: varied values, status and final metric; parallel coordinates."""
-    if not tag.startswith(sweeps.TAG_PREFIX):
-        raise Http404("not a sweep")
-    metric = request.GET.get("metric", "").strip()[:200] or "train/reward_mean"
+    metric = _sweep_metric(request, tag)
     data = sweeps.sweep_table(tag, metric)
     if not data["runs"]:
         raise Http404("no runs in this sweep")
@@ -256,9 +263,7 @@ def sweep_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 def sweep_status(request: HttpRequest, tag: str) -> JsonResponse:
     """Statuses and final metrics of a sweep's runs, polled by its page while any run is active."""
-    if not tag.startswith(sweeps.TAG_PREFIX):
-        raise Http404("not a sweep")
-    metric = request.GET.get("metric", "").strip()[:200] or "train/reward_mean"
+    metric = _sweep_metric(request, tag)
     return JsonResponse(sweeps.sweep_status(tag, metric))
 
 
