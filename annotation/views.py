@@ -487,27 +487,28 @@ def export_jsonl(request: HttpRequest, pk: int) -> HttpResponse:
         source = ai_judges.check_source(request.GET.get("source"))
     except AnnotationError as exc:
         return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
-    body = exports.export_jsonl(camp, source=source)
     tail = "" if source == "human" else f"-{source}"
-    resp = HttpResponse(body, content_type="application/jsonl; charset=utf-8")
-    resp["Content-Disposition"] = f'attachment; filename="campaign-{camp.pk}{tail}-pairs.jsonl"'
+    return _download(exports.export_jsonl(camp, source=source), f"campaign-{camp.pk}{tail}-pairs.jsonl")
+
+
+def _download(body: str, filename: str) -> HttpResponse:
+    """A campaign export as a file to save (``.jsonl`` or ``.csv``, UTF-8), not a page to show."""
+    kind = "application/jsonl" if filename.endswith(".jsonl") else "text/csv"
+    resp = HttpResponse(body, content_type=f"{kind}; charset=utf-8")
+    resp["Content-Disposition"] = f'attachment; filename="{filename}"'
     return resp
 
 
 @researcher_required
 def export_csv(request: HttpRequest, pk: int) -> HttpResponse:
     camp = get_object_or_404(Campaign, pk=pk)
-    resp = HttpResponse(exports.export_csv(camp), content_type="text/csv; charset=utf-8")
-    resp["Content-Disposition"] = f'attachment; filename="campaign-{camp.pk}-judgments.csv"'
-    return resp
+    return _download(exports.export_csv(camp), f"campaign-{camp.pk}-judgments.csv")
 
 
 @researcher_required
 def export_ai_csv(request: HttpRequest, pk: int) -> HttpResponse:
     camp = get_object_or_404(Campaign, pk=pk)
-    resp = HttpResponse(exports.export_ai_csv(camp), content_type="text/csv; charset=utf-8")
-    resp["Content-Disposition"] = f'attachment; filename="campaign-{camp.pk}-ai-judgments.csv"'
-    return resp
+    return _download(exports.export_ai_csv(camp), f"campaign-{camp.pk}-ai-judgments.csv")
 
 
 @researcher_required
