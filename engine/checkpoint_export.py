@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import parse_config
-from engine.models.loading import detect_kind, load_lm, load_tokenizer, resolve_model_path
+from engine.data import load_task
+from engine.models.loading import (
+    autocast_dtype,
+    detect_kind,
+    load_lm,
+    load_tokenizer,
+    resolve_device,
+    resolve_model_path,
+)
 
 __all__ = ["CheckpointExportError", "export_checkpoint", "generate_from_checkpoint"]
 
@@ -109,9 +117,7 @@ def generate_from_checkpoint(
     every checkpoint the same larger prompt set. The prompts are the task's seeded subset of that
     size (``task.max_eval_samples`` = ``n_prompts``; the same prompts for every checkpoint), the
     policy is sampled unmasked (an NLPO run's mask needs its training state)."""
-    from engine.data import load_task
     from engine.evaluation import generate_texts
-    from engine.models.loading import autocast_dtype, resolve_device
     from engine.models.policy import decoder_start_of
 
     cfg, lm, _head, path, kind = _load_checkpoint_lm(config, checkpoint_dir)
