@@ -177,6 +177,7 @@ def test_reward_choices_from_other_apps_replace_the_reward_section(monkeypatch: 
         "components": [],
         "include_prompt": True,
         "subtract_prompt_score": False,
+        "transform": "identity",
     }
     monkeypatch.setattr(extensions, "_reward_providers", [])
     extensions.register_reward_choices(
