@@ -18,7 +18,6 @@ from engine.models.policy import (
     entropy_from_logprobs,
     full_logprobs,
     gather_logprobs,
-    lm_forward,
     restrict_logprobs,
     token_logprobs,
 )
@@ -426,16 +425,4 @@ def critic_values(
     """A separate critic's values (B, T) for one minibatch's inputs: the pass ``ActorCritic.forward_tokens``
     makes for them (the critic's base model alone, no logits), without the policy's."""
     with autocast(inputs["gen_ids"].device, autocast_dtype):
-        _, hidden = lm_forward(
-            policy.critic,
-            policy.is_seq2seq,
-            inputs["prompt_ids"],
-            inputs["prompt_mask"],
-            inputs["gen_ids"],
-            inputs["gen_mask"],
-            policy.decoder_start_id,
-            want_hidden=True,
-            lazy_head=True,
-            need_logits=False,
-        )
-        return policy.value_head(hidden)
+        return policy.critic_values(inputs)

@@ -353,24 +353,29 @@ class ActorCritic(nn.Module):
             if self.critic is None:
                 values = self.value_head(hidden)
             else:
-                _, c_hidden = lm_forward(
-                    self.critic,
-                    self.is_seq2seq,
-                    batch["prompt_ids"],
-                    batch["prompt_mask"],
-                    batch["gen_ids"],
-                    batch["gen_mask"],
-                    self.decoder_start_id,
-                    want_hidden=True,
-                    share_prompts=share_prompts,
-                    # The critic needs its trunk's last hidden state only: the base model runs alone and
-                    # never computes the critic's (B, T, V) logits or keeps every layer's states, in any
-                    # precision and for any head.
-                    lazy_head=True,
-                    need_logits=False,
-                )
-                values = self.value_head(c_hidden)
+                values = self.critic_values(batch, share_prompts=share_prompts)
         return logits, values
+
+    def critic_values(self, batch: dict[str, torch.Tensor], share_prompts: bool = False) -> torch.Tensor:
+        """A separate critic's values (B, T): its own pass, so that PPO can run it after the policy's
+        backward (``PPO.split_minibatch``) as well as inside :meth:`forward_tokens`."""
+        _, c_hidden = lm_forward(
+            self.critic,
+            self.is_seq2seq,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["gen_ids"],
+            batch["gen_mask"],
+            self.decoder_start_id,
+            want_hidden=True,
+            share_prompts=share_prompts,
+            # The critic needs its trunk's last hidden state only: the base model runs alone and never
+            # computes the critic's (B, T, V) logits or keeps every layer's states, in any precision
+            # and for any head.
+            lazy_head=True,
+            need_logits=False,
+        )
+        return self.value_head(c_hidden)
 
 
 def frozen_copy(lm: Any) -> Any:
