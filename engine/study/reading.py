@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from engine.jsonl import iter_jsonl
+from engine.jsonl import read_jsonl as _read_jsonl_file
 from engine.study.common import RESULT_FILE, STUDY_FILE, StudyError, run_key
 
 
@@ -18,10 +18,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The rows of a run's JSON-lines file (metrics, samples, events) through the engine's one reader;
     a missing file is an empty run, and a line cut short by a kill is passed over (the trainer truncates
     after a resume anyway), so a study killed mid-write still reports."""
-    if not path.exists():
-        return []
-    with path.open(encoding="utf-8") as fh:
-        return [row for _n, row in iter_jsonl(fh, str(path), skip_invalid=True)]
+    return _read_jsonl_file(path, skip_invalid=True) if path.exists() else []
 
 
 def load_study(out: str | Path) -> dict[str, Any]:
