@@ -29,6 +29,7 @@ import torch
 from engine import distributed
 from engine.algorithms.ppo import explained_variance, gae, kl_penalty_rewards, masked_mean, whiten
 from engine.algorithms.sft import build_sft_batch, sft_loss, sft_pairs, sft_schedule
+from engine.checkpoint_layout import STATE_FILE
 from engine.config import RunConfig, parse_config
 from engine.data import load_task
 from engine.diskspace import writing
@@ -66,8 +67,6 @@ from engine.rollout import RolloutBatch, SamplingSpec, collect
 from engine.sinks import RunDirSink
 from engine.trackers import build_trackers
 from engine.trackers import check_available as check_trackers
-
-STATE_FILE = "state.pt"
 
 
 class OutOfMemoryHint(RuntimeError):

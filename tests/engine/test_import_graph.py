@@ -152,7 +152,7 @@ def test_modules_the_web_process_imports_do_not_import_torch():
         "import sys, json\n"
         "import engine, engine.config, engine.config_files, engine.rl4lms, engine.presets, engine.registry\n"
         "import engine.sinks, engine.events, engine.yamlio, engine.assets, engine.models.builtin, engine.cli\n"
-        "import engine.dotted, engine.jsonl\n"
+        "import engine.dotted, engine.jsonl, engine.checkpoint_layout\n"
         "print(json.dumps(sorted(m for m in ('torch', 'transformers') if m in sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -45,6 +45,7 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from engine import launch_checks, registry, yamlio
+from engine.checkpoint_layout import STATE_FILE
 from webapp.celery import app as celery_app
 from webapp.runs import extensions, ingest, paths
 from webapp.runs.errors import PathNotAllowed
@@ -70,8 +71,6 @@ LABEL = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 NOT_GOLD = frozenset({"weighted_sum"})
 #: The checkpoint directory names the engine writes (as ``engine.trainer.CHECKPOINT_NAME``).
 CHECKPOINT_NAME = re.compile(r"rl-[0-9]{6,12}")
-#: The file every checkpoint the trainer writes holds (``engine.checkpoint_export.STATE_FILE``).
-STATE_FILE = "state.pt"
 
 
 class GoldJobError(ValueError):
