@@ -12,43 +12,9 @@ import pytest
 import torch
 
 from engine.algorithms.common import clip_and_step, folds_clip
-from engine.algorithms.ppo import PPO, gae, whiten
+from engine.algorithms.ppo import PPO
 from engine.config import AlgorithmConfig
-from engine.data.base import Sample
-from engine.models.loading import load_lm, load_tokenizer
-from engine.models.policy import ActorCritic
-from engine.rollout import SamplingSpec, collect
-
-CPU = torch.device("cpu")
-
-
-def rollout(tiny_dirs: dict[str, str], value_head: str, seed: int = 0, n: int = 8) -> tuple:
-    """(policy, batch, advantages, returns): n episodes of 6 tokens; reward = share of even token ids."""
-    torch.manual_seed(seed)
-    policy = ActorCritic(load_lm(tiny_dirs["causal"], "causal"), False, value_head)
-    tok = load_tokenizer(tiny_dirs["causal"])
-    samples = [Sample(str(i), f"{i} {i + 1} {i + 2} and", []) for i in range(n)]
-    spec = SamplingSpec(max_new_tokens=6, eos_id=None)
-    batch = collect(
-        policy, None, tok, samples, spec, 16, n, CPU, generator=torch.Generator().manual_seed(seed)
-    )
-    rewards = torch.zeros_like(batch.logprobs)
-    rewards[:, -1] = (batch.gen_ids % 2 == 0).float().mean(1)
-    adv, ret = gae(rewards, batch.values, batch.gen_mask, 1.0, 0.95)
-    return policy, batch, whiten(adv, batch.gen_mask), ret
-
-
-def flat_params(policy: Any) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).clone() for p in policy.parameters()])
-
-
-def fused_adamw(policy: Any, lr: float = 1e-3) -> torch.optim.Optimizer:
-    """PPO's own optimizer (``PPO.make_optimizer``): AdamW with the fused kernel, weight decay on."""
-    cfg = AlgorithmConfig(learning_rate=lr, weight_decay=0.01)
-    opt = PPO(cfg).make_optimizer([p for p in policy.parameters() if p.requires_grad])
-    assert opt is not None and opt.param_groups[0]["fused"]
-    return opt
-
+from tests.engine.ppo_setup import flat_params, fused_adamw, rollout
 
 # ---------------------------------------------------------------------------------------------------
 # the clip inside the fused step

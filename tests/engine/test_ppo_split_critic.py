@@ -16,7 +16,7 @@ from engine.algorithms.base import UpdateInputs
 from engine.algorithms.ppo import PPO
 from engine.config import AlgorithmConfig
 from engine.trainer import _add_drift_sums
-from tests.engine.test_ppo_clip_in_step import flat_params, fused_adamw, rollout
+from tests.engine.ppo_setup import flat_params, fused_adamw, rollout
 
 
 class JointPPO(PPO):

@@ -13,39 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from engine.algorithms.ppo import PPO, gae, masked_mean, whiten
+from engine.algorithms.ppo import PPO, masked_mean
 from engine.config import AlgorithmConfig
-from engine.data.base import Sample
-from engine.models.loading import load_lm, load_tokenizer
-from engine.models.policy import ActorCritic, entropy_from_logprobs, processed_logprobs
-from engine.rollout import RolloutBatch, SamplingSpec, collect
-
-CPU = torch.device("cpu")
-
-
-def rollout(tiny_dirs: dict[str, str], seed: int = 0, temperature: float = 1.0, n: int = 8):
-    """(policy, batch, advantages, returns): n episodes of 6 tokens (no EOS, so all equally long).
-
-    The task reward is the share of even token ids, placed on the last token as the trainer does;
-    advantages are GAE, whitened.
-    """
-    torch.manual_seed(seed)
-    policy = ActorCritic(load_lm(tiny_dirs["causal"], "causal"), False, "shared")
-    tok = load_tokenizer(tiny_dirs["causal"])
-    samples = [Sample(str(i), f"{i} {i + 1} {i + 2} and", []) for i in range(n)]
-    spec = SamplingSpec(max_new_tokens=6, eos_id=None, temperature=temperature)
-    batch = collect(
-        policy, None, tok, samples, spec, 16, n, CPU, generator=torch.Generator().manual_seed(seed)
-    )
-    assert bool((batch.gen_mask.sum(1) == 6).all())
-    rewards = torch.zeros_like(batch.logprobs)
-    rewards[:, -1] = (batch.gen_ids % 2 == 0).float().mean(1)
-    adv, ret = gae(rewards, batch.values, batch.gen_mask, 1.0, 0.95)
-    return policy, batch, whiten(adv, batch.gen_mask), ret
-
-
-def flat_params(policy: Any) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).clone() for p in policy.parameters()])
+from engine.models.policy import entropy_from_logprobs, processed_logprobs
+from engine.rollout import RolloutBatch
+from tests.engine.ppo_setup import flat_params, rollout
 
 
 def mean_entropy(policy: Any, batch: RolloutBatch, temperature: float) -> float:
