@@ -514,9 +514,11 @@ def test_gold_regenerated_from_each_checkpoint_by_the_worker(
     """The real worker loads each checkpoint on disk (a tiny GPT-2), samples it on 5 prompts of the
     run's evaluation split and scores them; a pruned checkpoint is skipped. Two checkpoints with the
     same weights get the same gold: the same prompts and seed for every checkpoint."""
-    from webapp.runs import services
+    from django.utils.html import escape
+
+    from webapp.runs import gold_jobs, services
     from webapp.runs.forms import load_preset
-    from webapp.runs.models import Artifact, Checkpoint, MetricPoint, Run, RunStatus
+    from webapp.runs.models import Artifact, Checkpoint, MetricPoint, Run, RunStatus, Sample
 
     config = load_preset("synthetic_ppo")
     config["name"] = "regenerated"
@@ -542,8 +544,201 @@ def test_gold_regenerated_from_each_checkpoint_by_the_worker(
 
     wait_for_condition(done, timeout=300, interval=0.2, what="the re-generating gold job")
     assert [(s["step"], s["n"]) for s in job.meta["steps"]] == [(10, 5), (20, 5)]
+    assert [(s["checkpoint"], s["masking"]) for s in job.meta["steps"]] == [
+        ("rl-000010", ""),
+        ("rl-000020", ""),
+    ]
     gold = dict(MetricPoint.objects.filter(run=run, key="eval/gold:more").values_list("step", "value"))
     assert set(gold) == {10, 20} and 0 <= gold[10] <= 1
     assert gold[10] == pytest.approx(gold[20])
+
+    # The re-generated outputs are the run's samples: split gold-regen at each checkpoint's step, the
+    # same 5 prompts (task sample ids) at both, each with its gold; their mean is the step's point.
+    stored = list(Sample.objects.filter(run=run, split="gold-regen").order_by("step", "id"))
+    assert [s.step for s in stored] == [10] * 5 + [20] * 5
+    assert [s.sample_id for s in stored[:5]] == [s.sample_id for s in stored[5:]]
+    assert [s.prompt for s in stored[:5]] == [s.prompt for s in stored[5:]]
+    assert all(s.generation for s in stored) and [s.generation for s in stored[:5]] == [
+        s.generation for s in stored[5:]
+    ]  # same weights, prompts and seed
+    for step in (10, 20):
+        values = [s.metrics["gold:more"] for s in stored if s.step == step]
+        assert sum(values) / 5 == pytest.approx(gold[step])
+    assert gold_jobs.eval_steps(run.pk) == []  # never taken for evaluation generations
+
     page = researcher_client.get(f"/runs/{run.pk}/").content.decode()
     assert "re-generated on 5 prompts per checkpoint" in page
+    assert "Re-generated outputs of gold <code>more</code>" in page
+    assert '<th data-step="10">step 10<br><span class="num">gold ' in page
+    first = stored[0]
+    assert f'<tr data-sample="{first.sample_id}"><td class="prompt">{escape(first.prompt)}</td>' in page
+    assert f'<td class="generation">{escape(first.generation)}<br>' in page
+    assert (
+        "The first 5 of the 5 prompts each checkpoint was sampled on; all 10 generations are stored" in page
+    )
+    assert "gold-masking" not in page  # PPO: no masking note
+    # the compare view shows them too, under the run, when that gold is picked
+    other = services.create_run({"name": "other"})
+    page = researcher_client.get(f"/compare/?ids={run.pk},{other.pk}&gold=eval/gold:more").content.decode()
+    assert (
+        f'data-run="{run.pk}" class="gold-regenerated-title">#{run.pk} regenerated: re-generated outputs'
+        in page
+    )
+    assert f'<td class="generation">{escape(first.generation)}<br>' in page
+
+
+def _regen_run(runs_dir: Path, config: dict[str, Any], checkpoints: dict[int, Any]) -> Any:
+    """A succeeded run of ``config`` with the given checkpoints on disk (``step: masker or None``,
+    written as the trainer writes them)."""
+    from tests.engine.test_checkpoint_regeneration import write_checkpoint
+    from webapp.runs import services
+    from webapp.runs.models import Checkpoint, Run, RunStatus
+
+    run = services.create_run(config)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+    for step, masker in checkpoints.items():
+        path = runs_dir / f"run-{run.pk}/checkpoints/rl-{step:06d}"
+        write_checkpoint(path, masker)
+        Checkpoint.objects.create(run=run, step=step, path=str(path))
+    return run
+
+
+@pytest.mark.django_db
+def test_a_retried_regenerating_job_stores_its_samples_once(runs_dir: Path) -> None:
+    """The worker's own function run twice on one job (its message delivered again after a requeue):
+    each checkpoint's samples are replaced, not added, and no metric point is stored twice."""
+    from tests.engine.test_checkpoint_regeneration import config
+    from webapp.runs import gold_jobs
+    from webapp.runs.models import Artifact, MetricPoint, Sample
+
+    run = _regen_run(runs_dir, {**config("ppo"), "name": "retried"}, {10: None, 20: None})
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "again")
+    job = gold_jobs.start_gold_job(run, spec, label, enqueue=False, prompts=3)
+    assert gold_jobs.run_gold_job(job.pk, job.meta["task_id"])["status"] == "succeeded"
+
+    def stored() -> list[tuple[int, str, str, float]]:
+        return [
+            (s.step, s.sample_id, s.generation, s.metrics["gold:again"])
+            for s in Sample.objects.filter(
+                run=run, split="gold-regen", metrics__has_key="gold:again"
+            ).order_by("step", "sample_id")
+        ]
+
+    first = stored()
+    points = list(
+        MetricPoint.objects.filter(run=run).values_list("key", "step", "value").order_by("key", "step")
+    )
+    assert len(first) == 6 and len(points) == 4  # 3 prompts x 2 checkpoints; gold and its criterion x 2
+    job = Artifact.objects.get(pk=job.pk)
+    Artifact.objects.filter(pk=job.pk).update(meta={**job.meta, "status": "queued", "done": 0})
+    assert gold_jobs.run_gold_job(job.pk, job.meta["task_id"])["status"] == "succeeded"
+    assert stored() == first
+    again = list(
+        MetricPoint.objects.filter(run=run).values_list("key", "step", "value").order_by("key", "step")
+    )
+    assert again == points
+    # another label's samples at the same steps are its own rows, and left alone by this one's retry
+    spec2, label2 = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "other")
+    other = gold_jobs.start_gold_job(run, spec2, label2, enqueue=False, prompts=2)
+    assert gold_jobs.run_gold_job(other.pk, other.meta["task_id"])["status"] == "succeeded"
+    assert stored() == first
+    assert Sample.objects.filter(run=run, split="gold-regen", metrics__has_key="gold:other").count() == 4
+
+
+@pytest.mark.django_db
+def test_a_superseded_step_stores_nothing(runs_dir: Path) -> None:
+    """A step whose job no longer names the worker's task is rolled back: no samples, no points."""
+    from tests.engine.test_checkpoint_regeneration import config
+    from webapp.runs import gold_jobs
+    from webapp.runs.models import Artifact, MetricPoint, Sample
+
+    run = _regen_run(runs_dir, {**config("ppo"), "name": "superseded"}, {10: None})
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "late")
+    job = gold_jobs.start_gold_job(run, spec, label, enqueue=False, prompts=2)
+    batch = gold_jobs.Batch(["p"], ["g"], [[]], ["0"], checkpoint="rl-000010")
+    progress = {"done": 1, "steps": []}
+    assert not gold_jobs._store_step(
+        job, "another-task", 10, batch, [0.5], [("eval/gold:late", 10, 0.5)], progress
+    )
+    assert not Sample.objects.filter(run=run).exists()
+    assert not MetricPoint.objects.filter(run=run).exists()
+    assert Artifact.objects.get(pk=job.pk).meta["done"] == 0
+
+
+@pytest.mark.django_db
+def test_nlpo_regeneration_is_masked_as_its_evaluations_and_says_how(
+    researcher_client: Any, runs_dir: Path
+) -> None:
+    """An NLPO run's checkpoint holding its masking policy is sampled through it (the test's masking
+    policy allows "&" only); one without it is sampled with the policy as its own mask, which the
+    job records and the page says, per step."""
+    from engine.models.loading import load_lm, load_tokenizer, resolve_model_path
+    from tests.engine.test_checkpoint_regeneration import FORCED, N_TOKENS, config, forcing_masker
+    from webapp.runs import gold_jobs
+    from webapp.runs.models import Artifact, Sample
+
+    path = resolve_model_path("builtin:tiny-gpt2")
+    masker = forcing_masker(load_lm(path, "causal"), load_tokenizer(path).encode(FORCED)[0])
+    run = _regen_run(runs_dir, {**config("nlpo"), "name": "nlpo <run>"}, {10: masker, 20: None})
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "masked")
+    job = gold_jobs.start_gold_job(run, spec, label, enqueue=False, prompts=4)
+    assert gold_jobs.run_gold_job(job.pk, job.meta["task_id"])["status"] == "succeeded"
+
+    gens = {
+        step: [s.generation for s in Sample.objects.filter(run=run, split="gold-regen", step=step)]
+        for step in (10, 20)
+    }
+    assert gens[10] == [FORCED * N_TOKENS] * 4  # through the checkpoint's masking policy
+    assert len(gens[20]) == 4 and FORCED * N_TOKENS not in gens[20]  # self-masked: not the mask above
+    meta = Artifact.objects.get(pk=job.pk).meta
+    assert [(s["step"], s["masking"]) for s in meta["steps"]] == [(10, "checkpoint"), (20, "policy")]
+    masking = gold_jobs.job_json(Artifact.objects.get(pk=job.pk))["masking"]
+    assert [(m["masking"], m["steps"]) for m in masking] == [("checkpoint", [10]), ("policy", [20])]
+    assert "the checkpoint holds no NLPO masking policy" in masking[1]["note"]
+
+    page = researcher_client.get(f"/runs/{run.pk}/?gold=eval/gold:masked").content.decode()
+    assert (
+        'data-masking="checkpoint">step 10: sampled through the checkpoint&#x27;s NLPO masking policy, '
+        "as the run&#x27;s evaluations</span>" in page
+    )
+    assert 'data-masking="policy">step 20: the checkpoint holds no NLPO masking policy: sampled with' in page
+    assert (
+        '<span class="muted" data-masking="policy">self-masked: no masking policy in the checkpoint' in page
+    )
+
+
+@pytest.mark.django_db
+def test_regenerated_outputs_are_shown_escaped_and_never_taken_as_evaluations(
+    researcher_client: Any, runs_dir: Path
+) -> None:
+    """Model text is shown escaped beside the gold; the re-generated samples are not evaluation
+    generations (a gold on stored evaluations still finds none)."""
+    from webapp.runs import gold_jobs, ingest, services
+    from webapp.runs.models import Artifact
+
+    run = _regen_run(runs_dir, {"name": "escaped", "model": {"name_or_path": "builtin:tiny-gpt2"}}, {})
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "shown")
+    job = Artifact.objects.create(
+        run=run, name=label, kind=gold_jobs.GOLD_KIND, path="",
+        meta={"status": "succeeded", "key": "eval/gold:shown", "prompts": 1, "spec": spec, "done": 1,
+              "total": 1, "steps": [{"step": 10, "mean": 0.25, "se": None, "n": 1}]},
+    )  # fmt: skip
+    batch = gold_jobs.Batch(
+        ["<i>prompt</i>"], ["<script>alert(1)</script>"], [[]], ["0"], checkpoint="rl-000010"
+    )
+    assert gold_jobs.store_regenerated(run.pk, job.name, 10, batch, [0.25]) == 1
+    ingest.ingest_metrics(run.pk, [("eval/gold:shown", 10, 0.25)])
+    page = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert '<td class="prompt">&lt;i&gt;prompt&lt;/i&gt;</td>' in page
+    assert (
+        '<td class="generation">&lt;script&gt;alert(1)&lt;/script&gt;<br><span class="muted num">gold 0.25'
+        in page
+    )
+    assert "<script>alert(1)" not in page
+    other = services.create_run({"name": "other"})
+    page = researcher_client.get(f"/compare/?ids={run.pk},{other.pk}&gold=eval/gold:shown").content.decode()
+    assert '<td class="generation">&lt;script&gt;alert(1)&lt;/script&gt;<br>' in page
+    assert "<script>alert(1)" not in page
+    assert gold_jobs.eval_steps(run.pk) == [] and gold_jobs.eval_split(run) is None
+    with pytest.raises(gold_jobs.GoldJobError, match="no evaluation generations"):
+        gold_jobs.start_gold_job(run, spec, "stored", enqueue=False)

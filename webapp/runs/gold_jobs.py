@@ -9,6 +9,13 @@ without re-generating: the gold of evaluation step s is the mean gold over that 
 The same prompts are scored at every step (the sample ids common to all evaluation steps), so the
 steps differ only by the policy; each step's standard error is kept beside its mean.
 
+With "prompts per checkpoint" the job instead re-generates from each checkpoint still on disk, on the
+same seeded prompts, sampled as the engine's evaluation of the run's algorithm (an NLPO policy
+through the masking policy its checkpoint holds; how each was sampled is recorded on the job). The
+new outputs are stored as the run's samples (split :data:`REGEN_SPLIT`, at the checkpoint's step,
+each with its gold), in the same transaction as the step's points and progress, replacing what a
+retried step stored before, so the page can show them beside the gold.
+
 The gold is chosen by **registered id** (a reward of ``engine.registry.rewards``: ``rubric`` with
 the local AI judge, ``learned``, ``metric``, a sentiment classifier…, with its arguments as YAML
 data) or as a trained reward model offered by another app (``extensions.reward_choices``); never
@@ -36,7 +43,8 @@ import math
 import re
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +58,7 @@ from webapp.celery import app as celery_app
 from webapp.runs import extensions, ingest, paths
 from webapp.runs.errors import PathNotAllowed
 from webapp.runs.models import Artifact, Checkpoint, Run, Sample
+from webapp.runs.protocol import clean_float
 from webapp.runs.workers import run_queue
 
 log = logging.getLogger(__name__)
@@ -71,6 +80,16 @@ LABEL = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
 NOT_GOLD = frozenset({"weighted_sum"})
 #: The checkpoint directory names the engine writes (as ``engine.trainer.CHECKPOINT_NAME``).
 CHECKPOINT_NAME = re.compile(r"rl-[0-9]{6,12}")
+#: The split of the samples a gold job re-generated from checkpoints (source "gold re-generation"), at
+#: the checkpoint's step; never an evaluation split (:data:`NOT_EVALUATION`), so a later gold on the
+#: stored evaluation generations and the evaluation views do not mix them in.
+REGEN_SPLIT = "gold-regen"
+NOT_EVALUATION = ("train", REGEN_SPLIT)
+#: The per-sample gold of a re-generated sample: ``metrics["gold:<label>"]``, which also tags the row
+#: with its job (labels are unique per run).
+SAMPLE_KEY_PREFIX = "gold:"
+#: Prompts of a re-generating job shown on the run page beside its gold (all are stored).
+SHOWN_PROMPTS = 8
 
 
 class GoldJobError(ValueError):
@@ -184,8 +203,9 @@ def job_json(job: Artifact) -> dict[str, Any]:
     }
     if job.kind == GOLD_KIND:
         out.update(
-            key=m.get("key", ""), gold=m.get("gold", ""), steps=m.get("steps", []), prompts=m.get("prompts")
-        )
+            key=m.get("key", ""), gold=m.get("gold", ""), steps=m.get("steps", []), prompts=m.get("prompts"),
+            masking=masking_summary(m.get("steps", []), m.get("masking_notes") or {}),
+        )  # fmt: skip
     else:
         out.update(step=m.get("step"), path=job.path if m.get("status") == "succeeded" else "")
     return out
@@ -411,7 +431,11 @@ def _claim(job_id: int, task_id: str) -> Artifact | None:
 
 def eval_steps(run_id: int) -> list[int]:
     return sorted(
-        set(Sample.objects.filter(run_id=run_id).exclude(split="train").values_list("step", flat=True))
+        set(
+            Sample.objects.filter(run_id=run_id)
+            .exclude(split__in=NOT_EVALUATION)
+            .values_list("step", flat=True)
+        )
     )
 
 
@@ -420,7 +444,7 @@ def eval_split(run: Run) -> str | None:
     non-training split logged at the most steps (an imported run may name its splits otherwise)."""
     counts: dict[str, set[int]] = defaultdict(set)
     for split, step in (
-        Sample.objects.filter(run_id=run.pk).exclude(split="train").values_list("split", "step")
+        Sample.objects.filter(run_id=run.pk).exclude(split__in=NOT_EVALUATION).values_list("split", "step")
     ):
         counts[split].add(int(step))
     configured = ((run.config or {}).get("eval") or {}).get("split")
@@ -453,7 +477,22 @@ def paired_samples(run: Run) -> dict[int, list[Sample]]:
     return {s: loose[s] for s in steps}
 
 
-Produce = Callable[[], tuple[list[str], list[str], list[list[str]]]]
+@dataclass(frozen=True)
+class Batch:
+    """One point's generations to score. ``checkpoint`` names the checkpoint they were re-generated
+    from (they are then stored as the run's samples, with the masking of an NLPO policy recorded);
+    empty for the stored evaluation generations."""
+
+    prompts: list[str]
+    generations: list[str]
+    references: list[list[str]]
+    sample_ids: list[str] = field(default_factory=list)
+    checkpoint: str = ""
+    masking: str = ""
+    masking_note: str = ""
+
+
+Produce = Callable[[], Batch]
 
 
 def _work(run: Run, meta: Mapping[str, Any]) -> list[tuple[int, Produce]]:
@@ -465,16 +504,21 @@ def _work(run: Run, meta: Mapping[str, Any]) -> list[tuple[int, Produce]]:
         from engine.checkpoint_export import generate_from_checkpoint
 
         def regenerate(ckpt: Checkpoint) -> Produce:
-            def produce() -> tuple[list[str], list[str], list[list[str]]]:
-                samples, gens = generate_from_checkpoint(run.config or {}, checkpoint_dir(ckpt), int(n))
-                return [s.prompt for s in samples], gens, [list(s.references or []) for s in samples]
+            def produce() -> Batch:
+                source = checkpoint_dir(ckpt)
+                new = generate_from_checkpoint(run.config or {}, source, int(n))
+                return Batch(
+                    [s.prompt for s in new.samples], list(new.generations),
+                    [list(s.references or []) for s in new.samples], [str(s.id) for s in new.samples],
+                    checkpoint=source.name, masking=new.masking, masking_note=new.masking_note,
+                )  # fmt: skip
 
             return produce
 
         return [(int(c.step), regenerate(c)) for c in existing_checkpoints(run.pk)[0]]
 
     def stored(samples: list[Sample]) -> Produce:
-        return lambda: (
+        return lambda: Batch(
             [s.prompt for s in samples],
             [s.generation for s in samples],
             [list(s.references or []) for s in samples],
@@ -504,13 +548,14 @@ def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
         return {"id": job_id, "status": "failed"}
     key = meta["key"]
     steps_out: list[dict[str, Any]] = []
+    notes: dict[str, str] = {}
     for done, (step, produce) in enumerate(work, 1):
         if _cancel_requested(job_id):  # before each step: the steps already scored are kept
             _update(job_id, task_id, status="cancelled")
             return {"id": job_id, "status": "cancelled", "steps": len(steps_out)}
         try:
-            prompts, generations, references = produce()
-            result = metric.compute(prompts, generations, references)
+            batch = produce()
+            result = metric.compute(batch.prompts, batch.generations, batch.references)
         except Exception as exc:  # noqa: BLE001
             _update(job_id, task_id, status="failed", error=f"step {step}: {type(exc).__name__}: {exc}")
             return {"id": job_id, "status": "failed"}
@@ -519,13 +564,132 @@ def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
         for name, (_vals, m) in result.items():
             if name != "gold":
                 points.append((key + name[len("gold") :], step, m))
-        ingest.ingest_metrics(job.run_id, points, returning=False)
-        steps_out.append({"step": step, "mean": mean, "se": _se(values or []), "n": len(generations)})
-        if not _update(job_id, task_id, done=done, steps=steps_out):
+        entry = {"step": step, "mean": mean, "se": _se(values or []), "n": len(batch.generations)}
+        if batch.checkpoint:
+            entry.update(checkpoint=batch.checkpoint, masking=batch.masking)
+            notes[batch.masking] = batch.masking_note
+        steps_out.append(entry)
+        progress = {"done": done, "steps": steps_out, **({"masking_notes": notes} if notes else {})}
+        if not _store_step(job, task_id, step, batch, values or [], points, progress):
             return {"id": job_id, "status": "superseded"}
     _update(job_id, task_id, status="succeeded")  # "cancelled" if a cancel came during the last step
     status = "cancelled" if _cancel_requested(job_id) else "succeeded"
     return {"id": job_id, "status": status, "steps": len(steps_out)}
+
+
+class _Superseded(Exception):
+    """The job no longer names this worker's task: what the step stored is rolled back."""
+
+
+def _store_step(
+    job: Artifact,
+    task_id: str,
+    step: int,
+    batch: Batch,
+    values: list[float],
+    points: list[tuple[str, int, float]],
+    progress: dict[str, Any],
+) -> bool:
+    """Store one step in one transaction: its re-generated samples (if any), its metric points and the
+    job's progress; a worker whose job was superseded stores nothing. A step done again (a retried
+    job) replaces the samples it stored before and adds no point twice (points are idempotent on
+    run, key and step), so nothing is ever stored twice."""
+    try:
+        with transaction.atomic():
+            if batch.checkpoint:
+                store_regenerated(job.run_id, job.name, step, batch, values)
+            ingest.ingest_metrics(job.run_id, points, returning=False)
+            if not _update(job.pk, task_id, **progress):
+                raise _Superseded
+    except _Superseded:
+        return False
+    return True
+
+
+def store_regenerated(run_id: int, label: str, step: int, batch: Batch, values: list[float]) -> int:
+    """Store a checkpoint's re-generated outputs as the run's samples: split :data:`REGEN_SPLIT`
+    (source "gold re-generation"), the checkpoint's step, the task's sample id, and the sample's gold
+    as ``metrics["gold:<label>"]`` (which tags the row with its job); they replace the rows this
+    label stored at this step before. Returns the number stored. Call it inside a transaction."""
+    tag = SAMPLE_KEY_PREFIX + label
+    Sample.objects.filter(run_id=run_id, split=REGEN_SPLIT, step=int(step), metrics__has_key=tag).delete()
+    ids = batch.sample_ids or [""] * len(batch.generations)
+    rows = [
+        Sample(
+            run_id=run_id,
+            step=int(step),
+            split=REGEN_SPLIT,
+            sample_id=sid[:200],
+            prompt=prompt,
+            generation=gen,
+            references=[str(r) for r in refs],
+            metrics={tag: clean_float(values[i]) if i < len(values) else None},
+        )
+        for i, (sid, prompt, gen, refs) in enumerate(
+            zip(ids, batch.prompts, batch.generations, batch.references, strict=True)
+        )
+    ]
+    return len(Sample.objects.bulk_create(rows, batch_size=500))
+
+
+def masking_summary(steps: list[Mapping[str, Any]], notes: Mapping[str, str]) -> list[dict[str, Any]]:
+    """How an NLPO run's checkpoints were sampled, for the page: ``[{masking, note, steps}]`` per way
+    (none for other algorithms and for stored evaluation generations)."""
+    by: dict[str, list[int]] = defaultdict(list)
+    for entry in steps:
+        if entry.get("masking"):
+            by[str(entry["masking"])].append(int(entry["step"]))
+    return [{"masking": k, "note": notes.get(k, k), "steps": v} for k, v in sorted(by.items())]
+
+
+def regenerated_for(run: Run, gold_key: str) -> dict[str, Any] | None:
+    """:func:`regenerated_table` of the run's re-generating gold job whose metric is ``gold_key`` (the
+    gold the panel shows), or None when that gold was not re-generated."""
+    for job in jobs_of(run, GOLD_KIND):
+        m = job.meta or {}
+        if m.get("key") == gold_key and m.get("prompts"):
+            return regenerated_table(run.pk, job.name, m.get("steps") or [])
+    return None
+
+
+def regenerated_table(
+    run_id: int,
+    label: str,
+    job_steps: Sequence[Mapping[str, Any]] = (),
+    limit: int = SHOWN_PROMPTS,
+) -> dict[str, Any] | None:
+    """The first ``limit`` prompts a re-generating gold job stored, each with every checkpoint's
+    generation and its gold, under a header per checkpoint with the job's mean, standard error and
+    masking (``job_steps``, the job's ``steps``), for the run page beside the gold by checkpoint; None
+    when the job stored no samples. The template escapes the texts."""
+    qs = Sample.objects.filter(run_id=run_id, split=REGEN_SPLIT, metrics__has_key=SAMPLE_KEY_PREFIX + label)
+    steps = sorted(set(qs.values_list("step", flat=True)))
+    if not steps:
+        return None
+    first = list(qs.filter(step=steps[0]).order_by("id").values_list("sample_id", "prompt"))
+    shown = first[:limit]
+    cells: dict[tuple[str, str], dict[int, dict[str, Any]]] = defaultdict(dict)
+    for sid, prompt, step, gen, metrics in qs.filter(sample_id__in=[s for s, _p in shown]).values_list(
+        "sample_id", "prompt", "step", "generation", "metrics"
+    ):
+        cells[(sid, prompt)][int(step)] = {
+            "generation": gen,
+            "gold": (metrics or {}).get(SAMPLE_KEY_PREFIX + label),
+        }
+    rows = [
+        {"sample_id": sid, "prompt": prompt, "cells": [cells[(sid, prompt)].get(st) for st in steps]}
+        for sid, prompt in shown
+    ]
+    scored = {int(e["step"]): e for e in job_steps}
+    columns = [{"step": st, **scored.get(st, {})} for st in steps]
+    return {
+        "label": label,
+        "split": REGEN_SPLIT,
+        "columns": columns,
+        "rows": rows,
+        "n_prompts": len(first),
+        "n_samples": qs.count(),
+    }
 
 
 def _se(values: list[float]) -> float | None:

@@ -213,6 +213,7 @@ def overopt_context(run: Run, request: HttpRequest | None) -> dict[str, Any] | N
     }
     if ctx["has_gold"]:
         ctx.update(watch_of(run, series, gold_key, falls))
+    ctx["regenerated"] = gold_jobs.regenerated_for(run, gold_key)
     exports = {j["step"]: j for j in jobs if j["kind"] == gold_jobs.EXPORT_KIND}
     gold_at = series.get(gold_key) or {}
     best = ctx.get("watch").best_checkpoint if ctx.get("watch") is not None else None
@@ -280,8 +281,10 @@ def overopt_compare(context: Any, runs: list[Run]) -> dict[str, Any]:
     labels = {n["run"].pk: n["label"] for n in notes}
     for w in watches:
         w["data"]["gold_key"] = labels.get(w["run"].pk, gold_key)  # the chart's legend names the campaign
+    shown = [(w["run"], gold_jobs.regenerated_for(w["run"], gold_key)) for w in watches]
     return {
         "watches": watches,
+        "regenerated": [{**table, "run": run} for run, table in shown if table is not None],
         "ids_param": context.get("ids_param", ""),
         "gold_key": gold_key,
         "falls": falls,
