@@ -332,9 +332,12 @@ def profile_update(run: Any, out_path: str) -> str:
     tables: list[str] = []
 
     def profiled(*a: Any, **k: Any) -> Any:
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             out = update(*a, **k)
         tables.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+        # by input shape too: a (V, H) fill or add is a vocabulary-sized gradient temporary
+        by_shape = prof.key_averages(group_by_input_shape=True)
+        tables.append(by_shape.table(sort_by="self_cpu_time_total", row_limit=40))
         return out
 
     algo.update = profiled
@@ -342,7 +345,7 @@ def profile_update(run: Any, out_path: str) -> str:
         print("profiled iteration", run(epochs=1), flush=True)
     finally:
         algo.update = update
-    Path(out_path).write_text(tables[0])
+    Path(out_path).write_text("\n".join(tables))
     print(tables[0], flush=True)
     return out_path
 

@@ -79,17 +79,24 @@ def _product(hidden: torch.Tensor, weight: torch.Tensor, compute_dtype: torch.dt
         return hidden.to(compute_dtype) @ weight.to(compute_dtype).t()
 
 
-class _HeadLogSumExp(torch.autograd.Function):
-    """log-sum-exp over the vocabulary of ``(hidden @ weight.T) * scale``, row by row, and (no
-    gradient) the entropy of that distribution. The logits buffer is kept for the backward, which
-    overwrites it with the gradient of the logits. With a ``compute_dtype`` (autocast) the buffer and
-    both products are in that dtype and each row block is reduced in fp32."""
+class _HeadTokenLogits(torch.autograd.Function):
+    """log-sum-exp over the vocabulary of ``(hidden @ weight.T) * scale`` row by row, the (scaled)
+    logit of each row's token and, optionally, of one fixed token (EOS) in every row, and (no
+    gradient) the entropy. The logits buffer is kept for the backward, which overwrites it with the
+    gradient of the logits (``softmax · g_lse`` plus the chosen and EOS tokens' gradients scattered into
+    it) before the two matrix products. Why the chosen logits are read here rather than as dot products
+    with rows of ``weight``: the backward of such an indexing is a zeroed (V, H) gradient per index —
+    113 MB for SmolLM2, fresh pages each time — plus an add into the head's gradient; folding them into
+    the logits gradient leaves one (V, H) gradient per minibatch. With a ``compute_dtype`` (autocast)
+    the buffer and both products are in that dtype and each row block is reduced in fp32."""
 
     @staticmethod
     def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
+        tokens: torch.Tensor | None,
+        eos_id: int | None,
         scale: float,
         want_entropy: bool,
         compute_dtype: torch.dtype | None,
@@ -102,6 +109,14 @@ class _HeadLogSumExp(torch.autograd.Function):
         if scale != 1.0 and not low:
             x.mul_(scale)
         n, v = x.shape
+
+        def read(column: torch.Tensor) -> torch.Tensor:
+            # the logits path's numbers: a low-precision logit, then ``.float()``, then the scale
+            return column.float() * scale if low else column.clone()
+
+        empty = torch.zeros(0, dtype=torch.float32, device=x.device)
+        chosen = read(x.gather(1, tokens.view(n, 1)).view(n)) if tokens is not None else empty
+        eos = read(x[:, eos_id]) if eos_id is not None else empty
         lse = torch.empty(n, dtype=torch.float32 if low else x.dtype, device=x.device)
         entropy = torch.empty_like(lse) if want_entropy else None
         step = max(1, _BLOCK_FLOATS // max(v, 1))
@@ -119,20 +134,22 @@ class _HeadLogSumExp(torch.autograd.Function):
                 # H = lse - sum_v p_v x_v, as a batched dot product (no product buffer)
                 ex = (e.unsqueeze(-2) @ xb.unsqueeze(-1)).squeeze(-1).squeeze(-1)
                 entropy[r : r + step] = lse[r : r + step] - ex / s
-        ctx.save_for_backward(hidden, weight, lse)
+        ctx.save_for_backward(hidden, weight, lse, tokens if tokens is not None else empty)
         ctx.operands = (h, w) if low else None  # the low-precision copies the backward multiplies with
         ctx.dtypes = (hidden.dtype, weight.dtype)
         ctx.low = low
         ctx.logits = x
         ctx.scale = scale
+        ctx.has_tokens = tokens is not None
+        ctx.eos_id = eos_id
         if entropy is None:
-            entropy = torch.zeros(0, dtype=lse.dtype, device=x.device)
+            entropy = empty
         ctx.mark_non_differentiable(entropy)
-        return lse, entropy
+        return lse, chosen, eos, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_lse: torch.Tensor, _grad_entropy: Any):
-        hidden, weight, lse = ctx.saved_tensors
+    def backward(ctx: Any, grad_lse: torch.Tensor, grad_chosen: Any, grad_eos: Any, _grad_entropy: Any):
+        hidden, weight, lse, tokens = ctx.saved_tensors
         x = ctx.logits
         if x is None:
             raise RuntimeError("head_logsumexp's backward runs once (its logits buffer becomes the gradient)")
@@ -140,21 +157,60 @@ class _HeadLogSumExp(torch.autograd.Function):
         if ctx.operands is not None:
             hidden, weight = ctx.operands
             ctx.operands = None
-        # d lse / d x = softmax(x); d x / d (hidden @ W.T) = scale
+        # d lse / d x = softmax(x); d chosen / d x = one-hot; d x / d (hidden @ W.T) = scale
         g = (grad_lse * ctx.scale).unsqueeze(-1)
+        n = x.shape[0]
+
+        def add_tokens(block: torch.Tensor, r: int) -> None:
+            rows = slice(r, r + block.shape[0])
+            if ctx.has_tokens and grad_chosen is not None:
+                idx = tokens[rows].view(-1, 1)
+                block.scatter_add_(1, idx, (grad_chosen[rows] * ctx.scale).view(-1, 1).to(block.dtype))
+            if ctx.eos_id is not None and grad_eos is not None:
+                block[:, ctx.eos_id] += (grad_eos[rows] * ctx.scale).to(block.dtype)
+
         if ctx.low:  # fp32 per row block, written back into the low-precision buffer
             step = max(1, _BLOCK_FLOATS // max(x.shape[1], 1))
-            for r in range(0, x.shape[0], step):
+            for r in range(0, n, step):
                 xb = x[r : r + step].float()
                 if ctx.scale != 1.0:
                     xb.mul_(ctx.scale)
-                x[r : r + step].copy_(xb.sub_(lse[r : r + step].unsqueeze(-1)).exp_().mul_(g[r : r + step]))
+                xb.sub_(lse[r : r + step].unsqueeze(-1)).exp_().mul_(g[r : r + step])
+                add_tokens(xb, r)
+                x[r : r + step].copy_(xb)
         else:
             x.sub_(lse.unsqueeze(-1)).exp_().mul_(g)
+            add_tokens(x, 0)
         with torch.autocast(x.device.type, enabled=False):
             grad_hidden = (x @ weight).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
             grad_weight = (x.t() @ hidden).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
+
+
+def head_token_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor | None,
+    scale: float = 1.0,
+    want_entropy: bool = False,
+    compute_dtype: torch.dtype | None = None,
+    eos_id: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(log-sum-exp, chosen logit or None, EOS logit or None, entropy or None) for each row of
+    ``hidden`` (..., H); the logits are ``(hidden @ weight.T) * scale``, the product in
+    ``compute_dtype`` where given (autocast), the reduction in fp32; ``tokens`` has ``hidden``'s
+    leading shape. Differentiable in ``hidden`` and ``weight`` through all three logit outputs."""
+    lead = hidden.shape[:-1]
+    flat_tokens = tokens.reshape(-1) if tokens is not None else None
+    lse, chosen, eos, entropy = _HeadTokenLogits.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, flat_tokens, eos_id, scale, want_entropy, compute_dtype
+    )
+    return (
+        lse.view(lead),
+        chosen.view(lead) if tokens is not None else None,
+        eos.view(lead) if eos_id is not None else None,
+        entropy.view(lead) if want_entropy else None,
+    )
 
 
 def head_logsumexp(
@@ -164,29 +220,7 @@ def head_logsumexp(
     want_entropy: bool = False,
     compute_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log-sum-exp, entropy or None) over the vocabulary for each row of ``hidden`` (..., H); the
-    logits are ``(hidden @ weight.T) * scale``, the product in ``compute_dtype`` where given (autocast),
-    the reduction in fp32. Differentiable in ``hidden`` and ``weight``."""
-    lead = hidden.shape[:-1]
-    lse, entropy = _HeadLogSumExp.apply(
-        hidden.reshape(-1, hidden.shape[-1]), weight, scale, want_entropy, compute_dtype
-    )
-    return lse.view(lead), (entropy.view(lead) if want_entropy else None)
-
-
-def head_logits_at(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    tokens: torch.Tensor | int,
-    compute_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """The logit of ``tokens`` (same leading shape as ``hidden`` without H, or one token id for every
-    row) as a dot product with single rows of the head's weight: no (B, T, V) tensor. With a
-    ``compute_dtype`` (autocast) the operands and the result are rounded to it as autocast's linear
-    rounds them, so the chosen logit and :func:`head_logsumexp` see the same logits."""
-    rows = weight[tokens]
-    if compute_dtype is None or compute_dtype == torch.float32:
-        return hidden @ rows if isinstance(tokens, int) else (hidden * rows).sum(-1)
-    h, w = hidden.to(compute_dtype).float(), rows.to(compute_dtype).float()
-    out = h @ w if isinstance(tokens, int) else (h * w).sum(-1)
-    return out.to(compute_dtype).float()
+    """(log-sum-exp, entropy or None) over the vocabulary for each row of ``hidden`` (..., H): see
+    :func:`head_token_logits`."""
+    lse, _, _, entropy = head_token_logits(hidden, weight, None, scale, want_entropy, compute_dtype)
+    return lse, entropy

@@ -7,17 +7,18 @@ which doubles memory and compute). A separate critic remains available for compa
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from engine.models.head import HeadLogits, head_logits_at, head_logsumexp, plain_head_weight
+from engine.models.head import HeadLogits, head_token_logits, plain_head_weight
 
 
 def hidden_size_of(lm: Any) -> int:
@@ -120,17 +121,20 @@ def lm_forward(
         head_weight, compute_dtype = lm.get_input_embeddings().weight, None  # a stand-in, never multiplied
     if is_seq2seq:
         return _seq2seq_forward(lm, prompt_ids, prompt_mask, gen_ids, gen_mask, decoder_start_id, want_hidden)
+    tied = need_logits and head_weight is not None and head_weight is lm.get_input_embeddings().weight
     rows = shared_prompt_rows(prompt_ids, prompt_mask) if share_prompts else None
     if rows is not None:
-        return shared_prompt_forward(
-            lm, prompt_ids, prompt_mask, gen_ids, gen_mask, rows, want_hidden, head_weight, compute_dtype
-        )
+        with sparse_embedding_grad(lm, tied):
+            return shared_prompt_forward(
+                lm, prompt_ids, prompt_mask, gen_ids, gen_mask, rows, want_hidden, head_weight, compute_dtype
+            )
     p_len = prompt_ids.shape[1]
     ids = torch.cat([prompt_ids, gen_ids], dim=1)
     mask = torch.cat([prompt_mask, gen_mask.to(prompt_mask.dtype)], dim=1)
     pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
     if head_weight is not None:
-        out = lm.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        with sparse_embedding_grad(lm, tied):
+            out = lm.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
         hidden = out.last_hidden_state[:, p_len - 1 : p_len + t_len - 1]
         return HeadLogits(hidden, head_weight, compute_dtype), (hidden if want_hidden else None)
     kwargs: dict[str, Any] = {}
@@ -148,6 +152,26 @@ def lm_forward(
     logits = logits[:, -(t_len + 1) : -1]
     hidden = out.hidden_states[-1][:, p_len - 1 : p_len + t_len - 1] if want_hidden else None
     return logits, hidden
+
+
+@contextlib.contextmanager
+def sparse_embedding_grad(lm: Any, tied: bool) -> Iterator[None]:
+    """Inside, with ``tied`` (the lazy head's weight is the input embedding's, and grad is on): the
+    input embedding's backward yields a sparse gradient (rows of the tokens seen) instead of a dense
+    (V, H) one. Why: the dense one is a zeroed 113 MB tensor for SmolLM2 (fresh pages on every
+    minibatch) then added into the head's (V, H) gradient; autograd adds the sparse one into the
+    head's dense gradient in place, so the weight's ``.grad`` is the same dense tensor either way. Only
+    for a tied weight: alone, a sparse ``.grad`` would reach optimizers (fused AdamW) that refuse it."""
+    emb = lm.get_input_embeddings()
+    if not (tied and torch.is_grad_enabled() and type(emb) is nn.Embedding and emb.weight.requires_grad):
+        yield
+        return
+    before = emb.sparse
+    emb.sparse = True
+    try:
+        yield
+    finally:
+        emb.sparse = before
 
 
 def _seq2seq_forward(
@@ -550,26 +574,23 @@ def _head_token_logprobs(
     support: EosBan | None,
     want_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """:func:`token_logprobs` from the head's input: the log-sum-exp (and entropy) from
-    :func:`head_logsumexp`, the chosen and EOS logits as dot products with rows of the head's weight."""
+    """:func:`token_logprobs` from the head's input: the log-sum-exp (and entropy), the chosen and the
+    EOS logits all from one pass of :func:`head_token_logits`."""
     scale = 1.0 / temperature
     hidden, weight, dtype = head.hidden, head.weight, head.compute_dtype
-    lse, entropy = head_logsumexp(hidden, weight, scale, want_entropy, dtype)
+    n = min(support.steps, hidden.shape[-2]) if isinstance(support, EosBan) else 0
+    eos = support.eos_id if isinstance(support, EosBan) and n > 0 else None
+    lse, chosen, x_eos, entropy = head_token_logits(hidden, weight, actions, scale, want_entropy, dtype, eos)
     if entropy is not None:
         entropy = entropy.detach()
-    chosen = head_logits_at(hidden, weight, actions, dtype) * scale
     full_lp = chosen - lse
     sampled = full_lp
-    if isinstance(support, EosBan):
-        n = min(support.steps, hidden.shape[-2])
-        if n > 0:
-            eos = support.eos_id
-            h = hidden[..., :n, :]
-            x_eos = head_logits_at(h, weight, eos, dtype) * scale
+    if eos is not None:
+        h = hidden[..., :n, :]
 
-            def exact() -> torch.Tensor:  # rare: rows where p(EOS) > 1/2
-                return _logsumexp_without(HeadLogits(h, weight, dtype).materialize().float() * scale, eos)
+        def exact() -> torch.Tensor:  # rare: rows where p(EOS) > 1/2
+            return _logsumexp_without(HeadLogits(h, weight, dtype).materialize().float() * scale, eos)
 
-            banned = _normaliser_without(x_eos, lse[..., :n], exact)
-            sampled = torch.cat([chosen[..., :n] - banned, full_lp[..., n:]], dim=-1)
+        banned = _normaliser_without(x_eos[..., :n], lse[..., :n], exact)
+        sampled = torch.cat([chosen[..., :n] - banned, full_lp[..., n:]], dim=-1)
     return sampled, full_lp, entropy

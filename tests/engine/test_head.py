@@ -148,7 +148,8 @@ def test_fused_backward_runs_once():
 @pytest.mark.parametrize("share", [False, True])
 def test_lazy_head_forward_equals_the_plain_forward(make_policy, share):
     """A real (tiny GPT-2, tied embeddings) model through ``lm_forward``: the lazy head's log-probs and
-    every parameter's gradient equal the logits path's, with and without shared prompts."""
+    every parameter's gradient equal the logits path's, with and without shared prompts (the chosen and
+    EOS logits' gradients scattered into the head's, the tied embedding's backward sparse)."""
     policy, tok = make_policy("causal")
     policy.eval()
     assert plain_head_weight(policy.lm) is policy.lm.get_output_embeddings().weight
@@ -166,6 +167,11 @@ def test_lazy_head_forward_equals_the_plain_forward(make_policy, share):
         assert isinstance(logits, HeadLogits) == lazy
         sampled, full, entropy = token_logprobs(logits, gen, 0.9, EosBan(tok.eos_token_id, 3))
         ((sampled * gm).sum() + 0.5 * (full * gm).sum() + hidden.pow(2).mean()).backward()
+        # the tied weight's gradient stays one dense tensor although the lazy path's embedding
+        # backward is sparse (sparse_embedding_grad), and the embedding is left as it was
+        emb = policy.lm.get_input_embeddings()
+        assert emb.weight.grad is not None and emb.weight.grad.layout == torch.strided
+        assert emb.sparse is False
         grads = {n: p.grad.clone() for n, p in policy.lm.named_parameters() if p.grad is not None}
         results.append((sampled.detach(), full.detach(), entropy, hidden.detach(), grads))
     (s0, f0, e0, h0, g0), (s1, f1, e1, h1, g1) = results
@@ -229,3 +235,26 @@ def test_retained_memory_serves_big_tensors_from_the_heap_and_keeps_them():
     mb = 1 << 20
     assert out["default"][0] >= 64 * mb  # mmap'd
     assert out["retain"][0] < mb and out["retain"][1] >= 64 * mb  # heap, then kept free in the heap
+
+
+def test_untied_or_critic_embeddings_keep_dense_gradients(make_policy):
+    """A critic's pass (``need_logits=False``) uses the input embedding only as a stand-in weight: its
+    embedding's gradient must stay dense (an optimizer such as fused AdamW refuses a sparse ``.grad``)."""
+    policy, tok = make_policy("causal")
+    pi, pm = tokenize_prompts(tok, ["A prompt", "Another prompt here"], 16, torch.device("cpu"), "left")
+    gen = torch.randint(0, tok.vocab_size, (2, 5), generator=torch.Generator().manual_seed(2))
+    _, hidden = lm_forward(
+        policy.lm,
+        False,
+        pi,
+        pm,
+        gen,
+        torch.ones(2, 5),
+        None,
+        want_hidden=True,
+        lazy_head=True,
+        need_logits=False,
+    )
+    hidden.pow(2).mean().backward()
+    grad = policy.lm.get_input_embeddings().weight.grad
+    assert grad is not None and grad.layout == torch.strided and grad.abs().sum() > 0
