@@ -418,3 +418,26 @@ def test_forced_bos_token_is_honoured_by_the_generation_loop(make_policy):
         generator=torch.Generator().manual_seed(0),
     )
     assert torch.allclose(batch.logprobs, batch.sample_logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_score_from_the_fused_head_equals_the_log_softmax_path(make_policy, estimator):
+    """Without a (B, T, V) support, ``score`` reduces the head's logits in place; written as the
+    equivalent (B, T, V) mask, the same EOS ban takes the log-softmax path. Every field agrees."""
+    policy, tok = make_policy("causal")
+    with torch.no_grad():  # a reference that differs from the policy, so the KL is not zero
+        ref = frozen_copy(policy.lm)
+        for p in ref.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel() % 97)))
+    spec = SamplingSpec(max_new_tokens=6, min_new_tokens=3, eos_id=tok.eos_token_id, temperature=0.8)
+    pi, pm = tokenize_prompts(tok, PROMPTS, 32, torch.device("cpu"), "left")
+    g = generate(policy.lm, False, pi, pm, spec, tok.pad_token_id, generator=torch.Generator().manual_seed(5))
+    assert isinstance(g.support, EosBan)
+    inputs = {"prompt_ids": pi, "prompt_mask": pm, "gen_ids": g.gen_ids, "gen_mask": g.gen_mask}
+    mask = torch.ones(*g.gen_ids.shape, policy.lm.get_output_embeddings().weight.shape[0], dtype=torch.bool)
+    mask[:, : g.support.steps, g.support.eos_id] = False
+    fused = score(policy, ref, inputs, g.support, 0.8, None, estimator)
+    plain = score(policy, ref, inputs, mask, 0.8, None, estimator)
+    assert float(fused.kl.abs().max()) > 1e-4
+    for field in ("logprobs", "ref_logprobs", "values", "kl_logprobs", "kl", "entropy"):
+        assert torch.allclose(getattr(fused, field), getattr(plain, field), atol=1e-5), field
