@@ -31,7 +31,16 @@ def test_scored_logprobs_equal_sampling_logprobs(make_policy, kind, spec_kw):
     spec = SamplingSpec(max_new_tokens=8, eos_id=tok.eos_token_id, **spec_kw)
     gen = torch.Generator().manual_seed(3)
     batch = collect(
-        policy, frozen_copy(policy.lm), tok, _samples(), spec, 32, 8, torch.device("cpu"), generator=gen
+        policy,
+        frozen_copy(policy.lm),
+        tok,
+        _samples(),
+        spec,
+        32,
+        8,
+        torch.device("cpu"),
+        generator=gen,
+        scores_from_generation=False,  # the teacher-forced pass, compared with generation's numbers
     )
     assert batch.gen_ids.shape[0] == 3
     assert (batch.support is None) == (not spec_kw)
@@ -441,3 +450,46 @@ def test_score_from_the_fused_head_equals_the_log_softmax_path(make_policy, esti
     assert float(fused.kl.abs().max()) > 1e-4
     for field in ("logprobs", "ref_logprobs", "values", "kl_logprobs", "kl", "entropy"):
         assert torch.allclose(getattr(fused, field), getattr(plain, field), atol=1e-5), field
+
+
+@pytest.mark.parametrize("kind", ["causal", "seq2seq"])  # seq2seq: on request only, not by default
+@pytest.mark.parametrize(
+    "spec_kw",
+    [{"min_new_tokens": 3, "temperature": 0.8}, {"top_k": 20, "temperature": 0.7}],
+    ids=["minlen-temp", "topk-temp"],
+)
+@pytest.mark.parametrize("share", [False, True])
+def test_policy_scores_read_off_generation_equal_the_scoring_pass(make_policy, kind, spec_kw, share):
+    """In fp32 ``collect`` takes the policy's log-probs, entropy and (shared head) values from the
+    decode steps and runs only the reference; the teacher-forced pass gives the same numbers."""
+    policy, tok = make_policy(kind)
+    with torch.no_grad():  # a value head that is not ~0, so the values comparison means something
+        policy.value_head.linear.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    ref = frozen_copy(policy.lm)
+    spec = SamplingSpec(max_new_tokens=7, eos_id=tok.eos_token_id, **spec_kw)
+    prompts = PROMPTS + PROMPTS[1:] if share and kind == "causal" else PROMPTS
+    batches = [
+        collect(
+            policy,
+            ref,
+            tok,
+            _samples(prompts),
+            spec,
+            32,
+            8,
+            torch.device("cpu"),
+            generator=torch.Generator().manual_seed(9),
+            kl_estimator="k3",
+            share_prompts=share,
+            scores_from_generation=from_generation,
+        )
+        for from_generation in (True, False)
+    ]
+    read, forced = batches
+    assert torch.equal(read.gen_ids, forced.gen_ids) and float(read.values.abs().max()) > 1e-3
+    # an encoder-decoder's first decode step differs from its teacher-forced row by ~1e-3 (the reason
+    # collect scores it again by default); every later step agrees as a causal LM's do
+    cols = slice(1, None) if kind == "seq2seq" else slice(None)
+    for field in ("logprobs", "ref_logprobs", "values", "kl_logprobs", "kl", "entropy"):
+        a, b = getattr(read, field)[:, cols], getattr(forced, field)[:, cols]
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), field
