@@ -228,6 +228,8 @@ def test_the_gold_form_lists_registered_rewards_and_keeps_values_on_errors(
     run = _run_with_evaluations(runs_dir, name="<i>x</i>")
     page = researcher_client.get(f"/runs/{run.pk}/gold/").content.decode()
     assert '<option value="reward:rubric"' in page and "4 evaluation steps" in page
+    assert "an NLPO run through each checkpoint's masking policy" in page
+    assert "store them as the run's samples (split gold-regen)" in page
     assert "&lt;i&gt;x&lt;/i&gt;" in page
     r = researcher_client.post(f"/runs/{run.pk}/gold/", {"gold": "reward:rubric", "args": "criteria: [\n"})
     assert r.status_code == 400
