@@ -199,7 +199,9 @@ def latest_eval_samples(run: Run, split: str | None = None) -> list[Sample]:
     if split:
         qs = qs.filter(split=split)
     else:
-        splits = list(qs.exclude(split="train").values_list("split", flat=True).distinct())
+        from webapp.runs.gold_jobs import NOT_EVALUATION  # a gold job's re-generations are not evaluations
+
+        splits = list(qs.exclude(split__in=NOT_EVALUATION).values_list("split", flat=True).distinct())
         qs = qs.filter(split__in=splits) if splits else qs
     last = qs.order_by("-step").values_list("step", flat=True).first()
     if last is None:
@@ -507,11 +509,11 @@ def checkpoint_generations(run: Run, split: str | None = None) -> dict[int, list
     it was saved (``train.eval_every`` a multiple of ``train.save_every`` gives every checkpoint
     one). A pruned checkpoint is left out: its ranking could name a best checkpoint that can no
     longer be exported or launched from."""
-    from webapp.runs.gold_jobs import existing_checkpoints
+    from webapp.runs.gold_jobs import NOT_EVALUATION, existing_checkpoints
 
     steps = [int(c.step) for c in existing_checkpoints(run.pk)[0]]
     qs = Sample.objects.filter(run=run, step__in=steps)
-    qs = qs.filter(split=split) if split else qs.exclude(split="train")
+    qs = qs.filter(split=split) if split else qs.exclude(split__in=NOT_EVALUATION)
     out: dict[int, list[Sample]] = defaultdict(list)
     for s in qs.order_by("step", "id"):
         out[int(s.step)].append(s)

@@ -87,6 +87,25 @@ def test_campaign_over_checkpoints_pairs_their_evaluations(researcher: Any) -> N
     assert campaigns.checkpoint_campaigns(run.pk) == [camp]
 
 
+def test_gold_regenerations_are_not_taken_as_evaluations(researcher: Any) -> None:
+    """A gold job's re-generated outputs (split ``gold-regen``, at the checkpoints' steps) stay out of
+    campaigns built from a run's evaluation outputs, with or without checkpoints."""
+    from webapp.runs.gold_jobs import REGEN_SPLIT
+    from webapp.runs.models import Sample
+
+    run = _run_with_checkpoints()
+    Sample.objects.bulk_create(
+        Sample(run=run, step=step, split=REGEN_SPLIT, sample_id=str(i), prompt=f"Review {i}:",
+               generation=f"regenerated {step} {i}")
+        for step in [*CKPT_STEPS, 40] for i in range(4)
+    )  # fmt: skip
+    by_step = campaigns.checkpoint_generations(run)
+    assert sorted(by_step) == CKPT_STEPS
+    assert all(s.split == "validation" for rows in by_step.values() for s in rows)
+    latest = campaigns.latest_eval_samples(run)
+    assert latest and all(s.split == "validation" and s.step == 30 for s in latest)
+
+
 def test_bad_requests_say_why(researcher: Any) -> None:
     one = _run_with_checkpoints("one", steps=[10])
     with pytest.raises(AnnotationError, match="needs at least 2"):
