@@ -518,6 +518,11 @@ class Scored:
     kl: torch.Tensor  # per-token KL estimate of the penalty
     entropy: torch.Tensor  # entropy of the policy's full tempered distribution
 
+    @classmethod
+    def masked(cls, mask: torch.Tensor, *fields: torch.Tensor) -> Scored:
+        """The fields in declaration order, each times ``mask`` (values in fp32)."""
+        return cls(*(f.float() * mask if i == 2 else f * mask for i, f in enumerate(fields)))
+
 
 @torch.no_grad()
 def reference_logprobs(
@@ -609,14 +614,7 @@ def score(
     if kl is None:
         kl = kl_estimate(kl_lp, ref_lp, kl_estimator)
     mask = inputs["gen_mask"]
-    return Scored(
-        logprobs=logp * mask,
-        ref_logprobs=ref_lp * mask,
-        values=values.float() * mask,
-        kl_logprobs=kl_lp * mask,
-        kl=kl * mask,
-        entropy=entropy * mask,
-    )
+    return Scored.masked(mask, logp, ref_lp, values, kl_lp, kl, entropy)
 
 
 def _score_from_head(
@@ -636,27 +634,46 @@ def _score_from_head(
     arithmetic in them. The same numbers up to float rounding; models without a plain head get the
     logits from :func:`token_logprobs` as before."""
     device = inputs["gen_ids"].device
-    ids, mask = inputs["gen_ids"], inputs["gen_mask"]
+    ids = inputs["gen_ids"]
     with autocast(device, autocast_dtype):
         head, values = policy.forward_tokens(
             inputs, want_values=True, share_prompts=share_prompts, lazy_head=True
         )
     logp, kl_lp, entropy = token_logprobs(head, ids, temperature, support)
     del head
+    return _with_reference(
+        policy,
+        ref_lm,
+        inputs,
+        (logp, kl_lp, values, entropy),
+        temperature,
+        autocast_dtype,
+        kl_estimator,
+        share_prompts,
+    )
+
+
+def _with_reference(
+    policy: ActorCritic,
+    ref_lm: Any | None,
+    inputs: dict[str, torch.Tensor],
+    policy_scores: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    temperature: float,
+    autocast_dtype: torch.dtype | None,
+    kl_estimator: str,
+    share_prompts: bool,
+) -> Scored:
+    """:class:`Scored` from the policy's (sampled log-prob, full log-prob, value, entropy) per token: the
+    reference's pass (:func:`reference_logprobs`) and the KL estimate added, everything masked."""
+    logp, kl_lp, values, entropy = policy_scores
+    mask = inputs["gen_mask"]
     if ref_lm is not None:
         ref_lp = reference_logprobs(ref_lm, policy, inputs, temperature, autocast_dtype, share_prompts)
         kl = kl_estimate(kl_lp, ref_lp, kl_estimator)
     else:  # no reference (tests, zero-shot): no penalty
         ref_lp = kl_lp.clone()
         kl = torch.zeros_like(kl_lp)
-    return Scored(
-        logprobs=logp * mask,
-        ref_logprobs=ref_lp * mask,
-        values=values.float() * mask,
-        kl_logprobs=kl_lp * mask,
-        kl=kl * mask,
-        entropy=entropy * mask,
-    )
+    return Scored.masked(mask, logp, ref_lp, values, kl_lp, kl, entropy)
 
 
 def collect(
@@ -680,12 +697,7 @@ def collect(
 ) -> RolloutBatch:
     """Generate and score episodes for ``samples`` in chunks of ``batch_size`` prompts.
 
-    ``scores_from_generation`` (default: causal LMs in fp32, with a sampled KL estimator): the policy's
-    log-probs, entropy and hidden states (hence shared-head values) are read off the decode steps that
-    sampled the tokens, and only the reference (and a separate critic) run a scoring pass. The same
-    numbers as the policy's teacher-forced pass, up to float rounding (a KV-cached step multiplies the
-    same weights by the same activations); under bf16 autocast the two differ by bf16 rounding, so
-    there the policy is scored again.
+    ``scores_from_generation``: read the policy's scores off the decode steps (:func:`_scores_from_generation`).
 
     ``score_policy=False`` skips the policy's scoring pass (only the reference, if any, scores): for an
     update that scores in its own forward (see ``RolloutBatch.policy_scored``). The ``full`` KL
@@ -697,16 +709,12 @@ def collect(
     ``share_prompts``: a prompt that several episodes of a chunk share (a group's G completions) goes
     through each model once, in generation and scoring (:func:`engine.models.policy.lm_forward`).
     """
-
     score_policy = score_policy or kl_estimator == "full"
-    if scores_from_generation is None:
-        # causal LMs only: an encoder-decoder's first decode step (the decoder prefix through the
-        # cache) differed from its teacher-forced row by ~1e-3 in log-prob on the tiny T5
-        scores_from_generation = autocast_dtype is None and kl_estimator != "full" and not policy.is_seq2seq
-    scores_from_generation = scores_from_generation and score_policy and kl_estimator != "full"
+    from_generation = _scores_from_generation(
+        scores_from_generation, policy, score_policy, autocast_dtype, kl_estimator
+    )
     timings = timings if timings is not None else {}
-    timings.setdefault("generate", 0.0)
-    timings.setdefault("score", 0.0)
+    timings.update({k: timings.get(k, 0.0) for k in ("generate", "score")})
     side = prompt_padding_side(policy.is_seq2seq)
     chunks: list[_Chunk] = []
     was_training = policy.training
@@ -715,25 +723,13 @@ def collect(
         chunk = samples[start : start + batch_size]
         t0 = time.perf_counter()
         pi, pm = tokenize_prompts(tokenizer, [s.prompt for s in chunk], max_prompt_length, device, side)
+        seeds = sample_seeds[start : start + batch_size] if sample_seeds is not None else None
         g = generate(
-            policy.lm,
-            policy.is_seq2seq,
-            pi,
-            pm,
-            spec,
-            tokenizer.pad_token_id,
-            policy.decoder_start_id,
-            masking_lm=masking_lm,
-            generator=generator,
-            autocast_dtype=autocast_dtype,
-            noise=(
-                sample_noise(sample_seeds[start : start + batch_size], spec.max_new_tokens, device)
-                if sample_seeds is not None
-                else None
-            ),
-            share_prompts=share_prompts,
-            policy_scores=scores_from_generation,
-        )
+            policy.lm, policy.is_seq2seq, pi, pm, spec, tokenizer.pad_token_id, policy.decoder_start_id,
+            masking_lm=masking_lm, generator=generator, autocast_dtype=autocast_dtype,
+            noise=sample_noise(seeds, spec.max_new_tokens, device) if seeds is not None else None,
+            share_prompts=share_prompts, policy_scores=from_generation,
+        )  # fmt: skip
         t1 = time.perf_counter()
         inputs = {"prompt_ids": pi, "prompt_mask": pm, "gen_ids": g.gen_ids, "gen_mask": g.gen_mask}
         sc = _score_chunk(
@@ -754,6 +750,26 @@ def collect(
     return _assemble(chunks, samples, tokenizer, side, score_policy, ref_lm is not None, kl_estimator)
 
 
+def _scores_from_generation(
+    asked: bool | None,
+    policy: ActorCritic,
+    score_policy: bool,
+    autocast_dtype: torch.dtype | None,
+    kl_estimator: str,
+) -> bool:
+    """Whether :func:`collect` reads the policy's log-probs, entropy and hidden states (hence shared-head
+    values) off the decode steps that sampled the tokens, so that only the reference (and a separate
+    critic) run a scoring pass: the same numbers as the policy's teacher-forced pass up to float rounding
+    (a KV-cached step multiplies the same weights by the same activations). As ``asked``, by default
+    for causal LMs in fp32 — an encoder-decoder's first decode step (the decoder prefix through the
+    cache) differed from its teacher-forced row by ~1e-3 in log-prob on the tiny T5, and bf16 decode
+    steps differ from a bf16 teacher-forced pass by bf16 rounding; never for the ``full`` KL estimator
+    (it needs the whole distributions) or when the policy is not scored at all."""
+    if asked is None:
+        asked = autocast_dtype is None and not policy.is_seq2seq
+    return asked and score_policy and kl_estimator != "full"
+
+
 @dataclass
 class _Chunk:
     """One chunk of a rollout: its prompts, what generation produced and what scoring added."""
@@ -764,6 +780,7 @@ class _Chunk:
     scored: Scored
 
 
+@torch.no_grad()
 def _score_chunk(
     policy: ActorCritic,
     ref_lm: Any | None,
@@ -777,10 +794,19 @@ def _score_chunk(
 ) -> Scored:
     """The scoring pass of one chunk; without ``score_policy`` only the reference scores (if there is
     one) and the policy's fields stay zeros for the update to fill in. When generation read the
-    policy's scores (``g.hidden``), only the reference and a separate critic run."""
+    policy's scores (``g.hidden``, ``generate(policy_scores=True)``), only the reference and a
+    separate critic run: the values come from the value head on the stored hidden states (or the
+    critic's own pass). Why: the policy's teacher-forced pass repeats the work its decode steps just
+    did (~1.6 s of a 16-episode SmolLM2 iteration in fp32, issue #30)."""
     if score_policy and g.hidden is not None:
-        return _score_from_generation(
-            policy, ref_lm, inputs, g, temperature, autocast_dtype, kl_estimator, share_prompts
+        if policy.critic is None:
+            values = policy.value_head(g.hidden)
+        else:
+            with autocast(inputs["gen_ids"].device, autocast_dtype):
+                values = policy.critic_values(inputs, share_prompts=share_prompts)
+        scores = (g.sample_logprobs, g.kl_logprobs, values, g.entropy)
+        return _with_reference(
+            policy, ref_lm, inputs, scores, temperature, autocast_dtype, kl_estimator, share_prompts
         )
     if score_policy:
         return score(
@@ -793,44 +819,6 @@ def _score_chunk(
         else zeros
     )
     return Scored(zeros, ref_lp, zeros, zeros.clone(), zeros.clone(), zeros.clone())
-
-
-@torch.no_grad()
-def _score_from_generation(
-    policy: ActorCritic,
-    ref_lm: Any | None,
-    inputs: dict[str, torch.Tensor],
-    g: Generated,
-    temperature: float,
-    autocast_dtype: torch.dtype | None,
-    kl_estimator: str,
-    share_prompts: bool,
-) -> Scored:
-    """:class:`Scored` from the policy's decode-step scores (``generate(policy_scores=True)``): the
-    values from the value head on the stored hidden states (or the separate critic's own pass), the
-    reference's log-probs from its pass. Why: the policy's teacher-forced pass repeats the work its
-    decode steps just did (~1.6 s of a 16-episode SmolLM2 iteration in fp32, issue #30)."""
-    mask = inputs["gen_mask"]
-    if policy.critic is None:
-        values = policy.value_head(g.hidden)
-    else:
-        with autocast(inputs["gen_ids"].device, autocast_dtype):
-            values = policy.critic_values(inputs, share_prompts=share_prompts)
-    kl_lp = g.kl_logprobs
-    if ref_lm is not None:
-        ref_lp = reference_logprobs(ref_lm, policy, inputs, temperature, autocast_dtype, share_prompts)
-        kl = kl_estimate(kl_lp, ref_lp, kl_estimator)
-    else:  # no reference (tests, zero-shot): no penalty
-        ref_lp = kl_lp.clone()
-        kl = torch.zeros_like(kl_lp)
-    return Scored(
-        logprobs=g.sample_logprobs * mask,
-        ref_logprobs=ref_lp * mask,
-        values=values.float() * mask,
-        kl_logprobs=kl_lp * mask,
-        kl=kl * mask,
-        entropy=g.entropy * mask,
-    )
 
 
 def _cat_support(supports: list[Any], t_max: int) -> Any:
