@@ -390,21 +390,18 @@ def test_a_job_cancelled_while_running_stops_before_the_next_step(
         gold_jobs.cancel_gold_job(run, job.pk)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_worker_stops_a_cancelled_gold_job(
-    researcher_client: Any, celery_worker: Any, runs_dir: Path
-) -> None:
-    """The real worker scoring many evaluation steps; the researcher cancels once it has scored
-    some: it stops within one step, keeping the points of the steps it scored."""
-    from webapp.runs.models import Artifact, MetricPoint, Sample
+def _long_job_scoring(client: Any, runs_dir: Path, name: str) -> tuple[Any, Any]:
+    """A run with 404 evaluation steps whose rubric gold is started from the page; returns
+    ``(run, job)`` once the worker has scored two steps (many remain)."""
+    from webapp.runs.models import Artifact, Sample
 
-    run = _run_with_evaluations(runs_dir, name="long")
+    run = _run_with_evaluations(runs_dir, name=name)
     Sample.objects.bulk_create(
         Sample(run=run, step=100 + k, split="validation", sample_id=str(i), prompt=f"p{i}", generation="1 y")
         for k in range(400)
         for i in range(2)
     )
-    r = researcher_client.post(f"/runs/{run.pk}/gold/", {"gold": "reward:rubric", "args": RUBRIC_ARGS})
+    r = client.post(f"/runs/{run.pk}/gold/", {"gold": "reward:rubric", "args": RUBRIC_ARGS})
     assert r.status_code == 302
     job = Artifact.objects.get(run=run, kind="gold-job")
 
@@ -414,6 +411,18 @@ def test_the_worker_stops_a_cancelled_gold_job(
         return job.meta["done"] >= 2
 
     wait_for_condition(scoring, timeout=180, interval=0.05, what="the gold job's first steps")
+    return run, job
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_stops_a_cancelled_gold_job(
+    researcher_client: Any, celery_worker: Any, runs_dir: Path
+) -> None:
+    """The real worker scoring many evaluation steps; the researcher cancels once it has scored
+    some: it stops within one step, keeping the points of the steps it scored."""
+    from webapp.runs.models import MetricPoint
+
+    run, job = _long_job_scoring(researcher_client, runs_dir, "long")
     r = researcher_client.post(f"/runs/{run.pk}/gold/jobs/{job.pk}/cancel/", follow=True)
     assert "is being cancelled: the worker stops before the next evaluation step" in r.content.decode()
     job.refresh_from_db()
@@ -432,6 +441,192 @@ def test_the_worker_stops_a_cancelled_gold_job(
     assert researcher_client.get(f"/runs/{run.pk}/gold/jobs.json").json()["jobs"][0]["status"] == "cancelled"
     r = researcher_client.post(f"/runs/{run.pk}/gold/jobs/{job.pk}/cancel/", follow=True)
     assert "has already ended (cancelled)" in r.content.decode().replace("&#x27;", "'")
+
+
+# ------------------------------------------------------------------------- retry and a dead worker
+
+
+class _WorkerDied(BaseException):
+    """Stands for the worker process vanishing mid-step: nothing of the job's own code runs after."""
+
+
+def _age_heartbeat(job: Any, seconds: float) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    job.refresh_from_db()
+    job.meta = {**job.meta, "heartbeat": (timezone.now() - timedelta(seconds=seconds)).isoformat()}
+    job.save(update_fields=["meta"])
+
+
+@pytest.mark.django_db
+def test_a_stale_job_fails_and_a_retry_scores_only_the_missing_steps(
+    researcher_client: Any, runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's own function dies after storing two of four steps (the job stays ``running``);
+    the staleness check keeps it while its heartbeat is fresh and fails it, saying the worker
+    stopped, once the heartbeat is older than the limit. Retry re-queues the same row; the steps
+    already stored are kept and only the other two are scored. Every refusal names the job."""
+    from webapp.runs import gold_jobs, ingest
+    from webapp.runs.models import Artifact, MetricPoint
+
+    run = _run_with_evaluations(runs_dir)
+    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, "flaky")
+    job = gold_jobs.start_gold_job(run, spec, label, enqueue=False)
+    first_task = job.meta["task_id"]
+    real_ingest = ingest.ingest_metrics
+    stored: list[int] = []
+
+    def ingest_then_die(run_id: int, points: Any, **kw: Any) -> Any:
+        if len(stored) == 2:
+            raise _WorkerDied
+        stored.append(points[0][1])
+        return real_ingest(run_id, points, **kw)
+
+    monkeypatch.setattr(ingest, "ingest_metrics", ingest_then_die)
+    with pytest.raises(_WorkerDied):
+        gold_jobs.run_gold_job(job.pk, first_task)
+    job.refresh_from_db()
+    assert (job.meta["status"], job.meta["done"]) == ("running", 2)
+
+    assert gold_jobs.fail_stale_gold_jobs(older_than=60) == []  # its heartbeat is fresh
+    _age_heartbeat(job, 120)
+    assert gold_jobs.fail_stale_gold_jobs(older_than=60, run_ids=[run.pk + 1]) == []  # another run
+    assert gold_jobs.fail_stale_gold_jobs(older_than=60, run_ids=[run.pk]) == [job.pk]
+    assert gold_jobs.fail_stale_gold_jobs(older_than=60) == []  # once
+    job.refresh_from_db()
+    assert job.meta["status"] == "failed" and job.meta["finished"]
+    assert job.meta["error"].startswith("Worker stopped: the worker ")
+    assert "stopped sending heartbeats" in job.meta["error"]
+    assert "The steps it scored (2) are kept; retry the job to score the rest." in job.meta["error"]
+
+    url = f"/runs/{run.pk}/gold/jobs/{job.pk}/retry/"
+    page = researcher_client.get(f"/runs/{run.pk}/").content.decode()
+    assert f'action="{url}" class="inline gold-retry-form" data-job-name="flaky"' in page
+    assert 'class="inline gold-cancel-form"' not in page
+    assert researcher_client.get(url).status_code == 405  # a state change is a POST
+
+    r = researcher_client.post(url, follow=True)
+    text = r.content.decode().replace("&#x27;", "'")
+    assert "Gold 'flaky' queued again (attempt 2); steps already scored, kept: 2." in text
+    assert 'class="inline gold-retry-form"' not in text  # queued: no retry button
+    job = Artifact.objects.get(pk=job.pk)  # the same row: the label still names one gold
+    assert Artifact.objects.filter(run=run, kind="gold-job").count() == 1
+    assert job.meta["status"] == "queued" and job.meta["task_id"] != first_task
+    assert job.meta["attempts"] == [
+        {"status": "failed", "error": job.meta["attempts"][0]["error"], "done": 2, "total": 4,
+         "started": job.meta["attempts"][0]["started"], "finished": job.meta["attempts"][0]["finished"],
+         "by": ""},
+    ]  # fmt: skip
+    assert "stopped sending heartbeats" in job.meta["attempts"][0]["error"]
+    assert "earlier attempt: failed after 2 steps — Worker stopped: the worker " in text
+
+    r = researcher_client.post(url, follow=True)
+    assert (
+        "Not retried: job: gold job 'flaky' is queued; only a failed or cancelled job can be retried"
+        in r.content.decode().replace("&#x27;", "'")
+    )
+    assert gold_jobs.run_gold_job(job.pk, first_task)["status"] == "not claimed"  # the earlier attempt's
+    calls: list[int] = []
+
+    def counting(run_id: int, points: Any, **kw: Any) -> Any:
+        calls.append(points[0][1])
+        return real_ingest(run_id, points, **kw)
+
+    monkeypatch.setattr(ingest, "ingest_metrics", counting)
+    result = gold_jobs.run_gold_job(job.pk, job.meta["task_id"])
+    assert result == {"id": job.pk, "status": "succeeded", "steps": 4}
+    assert calls == [20, 30]  # the steps the first attempt stored are not scored again
+    job.refresh_from_db()
+    assert (job.meta["status"], job.meta["done"], job.meta["total"]) == ("succeeded", 4, 4)
+    assert [e["step"] for e in job.meta["steps"]] == STEPS
+    gold = dict(MetricPoint.objects.filter(run=run, key="eval/gold:flaky").values_list("step", "value"))
+    assert gold == pytest.approx({0: 1.0, 10: 0.875, 20: 0.5, 30: 0.125})
+    for state in ("succeeded", "running"):
+        Artifact.objects.filter(pk=job.pk).update(meta={**job.meta, "status": state})
+        with pytest.raises(
+            gold_jobs.GoldJobError, match=f"gold job 'flaky' is {state}; only a failed"
+        ) as err:
+            gold_jobs.retry_gold_job(run, job.pk)
+        assert err.value.field == "job"
+    with pytest.raises(gold_jobs.GoldJobError, match=f"run #{run.pk} has no gold job #999999"):
+        gold_jobs.retry_gold_job(run, 999999)
+
+
+@pytest.mark.django_db
+def test_stale_jobs_of_a_restarted_worker_and_a_cancel_that_outlived_its_worker(runs_dir: Path) -> None:
+    """A restarted worker holds nothing: the jobs it had claimed fail at once (others stay); a job
+    being cancelled whose worker died ends ``cancelled``; a cancelled job can be retried."""
+    from webapp.runs import gold_jobs
+    from webapp.runs.models import Artifact
+
+    run = _run_with_evaluations(runs_dir)
+    jobs = {}
+    for label, worker in (("on-w1", "w1@host"), ("on-w2", "w2@host")):
+        spec, _ = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_ARGS, label)
+        job = gold_jobs.start_gold_job(run, spec, label, enqueue=False)
+        assert gold_jobs._claim(job.pk, job.meta["task_id"]) is not None
+        Artifact.objects.filter(pk=job.pk).update(
+            meta={**Artifact.objects.get(pk=job.pk).meta, "worker": worker}
+        )
+        jobs[label] = job
+    assert gold_jobs.fail_stale_gold_jobs(worker_host="w1@host") == [jobs["on-w1"].pk]
+    w1 = Artifact.objects.get(pk=jobs["on-w1"].pk)
+    assert w1.meta["status"] == "failed"
+    assert w1.meta["error"].startswith("Worker stopped: the worker w1@host restarted while it held this job.")
+
+    assert gold_jobs.cancel_gold_job(run, jobs["on-w2"].pk).meta["status"] == "cancelling"
+    assert gold_jobs.fail_stale_gold_jobs(older_than=60) == []
+    _age_heartbeat(jobs["on-w2"], 61)
+    assert gold_jobs.fail_stale_gold_jobs(older_than=60) == [jobs["on-w2"].pk]
+    w2 = Artifact.objects.get(pk=jobs["on-w2"].pk)
+    assert w2.meta["status"] == "cancelled" and w2.meta["error"].endswith("the cancel is done.")
+    again = gold_jobs.retry_gold_job(run, w2.pk, enqueue=False)
+    assert again.meta["status"] == "queued" and again.meta["attempts"][0]["status"] == "cancelled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_worker_fails_its_gold_job_and_a_retry_finishes_it(
+    researcher_client: Any, worker_factory: Any, celery_worker: Any, runs_dir: Path, settings: Any
+) -> None:
+    """A real worker scoring many steps is SIGKILLed (no cleanup runs); its job stays ``running``
+    until its heartbeat is older than the limit, then fails saying the worker stopped. Retried from
+    the page, another real worker scores only the missing steps."""
+    from webapp.runs import gold_jobs
+    from webapp.runs.models import MetricPoint
+
+    doomed = worker_factory()
+    settings.CELERY_TASK_DEFAULT_QUEUE = doomed.queue
+    run, job = _long_job_scoring(researcher_client, runs_dir, "killed")
+    assert job.meta["worker"] == doomed.name
+    doomed.kill()
+    job.refresh_from_db()
+    at_kill = job.meta["done"]
+    assert job.meta["status"] == "running" and at_kill < job.meta["total"] == 404
+
+    def failed() -> bool:
+        return gold_jobs.fail_stale_gold_jobs(older_than=2.0, run_ids=[run.pk]) == [job.pk]
+
+    wait_for_condition(failed, timeout=60, interval=0.1, what="the dead worker's job to go stale")
+    data = researcher_client.get(f"/runs/{run.pk}/gold/jobs.json").json()["jobs"][0]
+    assert data["status"] == "failed"
+    assert data["error"].startswith(f"Worker stopped: the worker {doomed.name} stopped sending heartbeats")
+
+    settings.CELERY_TASK_DEFAULT_QUEUE = celery_worker.queue
+    r = researcher_client.post(f"/runs/{run.pk}/gold/jobs/{job.pk}/retry/", follow=True)
+    assert "queued again (attempt 2)" in r.content.decode()
+
+    def done() -> bool:
+        job.refresh_from_db()
+        assert job.meta["status"] in ("queued", "running", "succeeded"), job.meta
+        return job.meta["status"] == "succeeded"
+
+    wait_for_condition(done, timeout=300, interval=0.1, what="the retried gold job")
+    assert (job.meta["done"], job.meta["total"]) == (404, 404)
+    assert job.meta["worker"] == celery_worker.name
+    assert MetricPoint.objects.filter(run=run, key="eval/gold:rubric").count() == 404
+    assert sorted(e["step"] for e in job.meta["steps"]) == sorted(STEPS + [100 + k for k in range(400)])
 
 
 # ------------------------------------------------------------------------------ pruned checkpoints

@@ -34,22 +34,41 @@ worker's claim then refuses it); a running one is marked ``cancelling`` and the 
 the next evaluation step, ending ``cancelled`` with the steps it had scored kept (their points stay
 on the charts). The request and the worker's progress meet under the job row's lock, so a job that
 has already ended cannot be cancelled, and a cancelled one is never marked succeeded.
+
+A failed or cancelled gold job can be retried (:func:`retry_gold_job`): the same row is queued again
+with the same spec under a new task id, its earlier attempts kept in ``meta["attempts"]`` (status,
+error, steps done), so the page shows what happened before and the label keeps naming one gold. The
+steps the earlier attempt stored are kept and not scored again (points are never overwritten); the
+worker scores the others.
+
+A worker that dies mid-job leaves it ``running``. Runs already handle that (``heartbeat_at``,
+``GRUE_LOST_AFTER``, ``lifecycle.mark_lost_runs`` on celery beat and at a worker's start); gold jobs
+ride on the same mechanism: the worker stamps ``meta["heartbeat"]`` every ``GRUE_HEARTBEAT_INTERVAL``
+and on each write, and :func:`fail_stale_gold_jobs` runs after every ``mark_lost_runs`` task, at a
+worker's start (jobs that host had claimed), and when the run page or its jobs.json is read. A stale
+job ends ``failed`` with an error saying the worker stopped, so it can be retried.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import re
+import socket
+import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from celery import shared_task
-from django.db import close_old_connections, transaction
+from celery import current_task, shared_task
+from celery.signals import task_postrun, worker_ready
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from engine import launch_checks, registry, yamlio
@@ -72,6 +91,12 @@ ACTIVE = ("queued", "running")
 #: The states of a gold job the page keeps polling (a cancel request waits for the worker's next step).
 GOLD_ACTIVE = (*ACTIVE, "cancelling")
 ENDED = ("succeeded", "failed", "cancelled")
+#: The states a gold job can be retried from.
+RETRYABLE = ("failed", "cancelled")
+#: The states in which a worker holds a gold job (its heartbeat is watched).
+HELD = ("running", "cancelling")
+#: The run watchdog's periodic task (``webapp.runs.tasks``); the gold jobs' check runs after it.
+RUN_WATCH_TASK = "webapp.runs.tasks.mark_lost_runs"
 #: Most prompts a gold job re-generates per checkpoint (each checkpoint is loaded and sampled on them).
 MAX_PROMPTS = 512
 MAX_ARGS_CHARS = 20_000
@@ -205,6 +230,8 @@ def job_json(job: Artifact) -> dict[str, Any]:
         out.update(
             key=m.get("key", ""), gold=m.get("gold", ""), steps=m.get("steps", []), prompts=m.get("prompts"),
             masking=masking_summary(m.get("steps", []), m.get("masking_notes") or {}),
+            attempts=[{"status": a.get("status", ""), "error": a.get("error", ""), "done": a.get("done", 0)}
+                      for a in m.get("attempts") or []],
         )  # fmt: skip
     else:
         out.update(step=m.get("step"), path=job.path if m.get("status") == "succeeded" else "")
@@ -230,15 +257,7 @@ def start_gold_job(
     key = KEY_PREFIX + label
     if prompts is not None:
         prompts = clean_prompts(prompts)
-        if not existing_checkpoints(run.pk)[0]:
-            raise GoldJobError(
-                "prompts",
-                f"run #{run.pk} has no checkpoint on disk to re-generate from (pruned or never saved)",
-            )
-    elif not eval_steps(run.pk):
-        raise GoldJobError(
-            "run", "this run stored no evaluation generations (evaluation split samples) to score"
-        )
+    _check_sources(run, prompts)
     with transaction.atomic():
         Run.objects.select_for_update().filter(pk=run.pk).first()  # one job creation at a time per run
         existing = Artifact.objects.filter(run_id=run.pk, kind=GOLD_KIND, name=label).first()
@@ -254,8 +273,66 @@ def start_gold_job(
             run=run, name=label, kind=GOLD_KIND, path="",
             meta={"status": "queued", "task_id": task_id, "spec": spec, "key": key, "gold": _describe(spec),
                   "done": 0, "total": 0, "steps": [], "error": "", "prompts": prompts,
-                  "by": getattr(user, "username", "") if getattr(user, "is_authenticated", False) else ""},
+                  "by": _username(user)},
         )  # fmt: skip
+        if enqueue:
+            transaction.on_commit(lambda: _enqueue(GOLD_TASK, job.pk, task_id))
+    return job
+
+
+def _check_sources(run: Run, prompts: int | None) -> None:
+    """A gold job needs something to score: checkpoints on disk to re-generate from (``prompts``),
+    else stored evaluation generations; checked at the start and again at a retry."""
+    if prompts is not None:
+        if not existing_checkpoints(run.pk)[0]:
+            raise GoldJobError(
+                "prompts",
+                f"run #{run.pk} has no checkpoint on disk to re-generate from (pruned or never saved)",
+            )
+    elif not eval_steps(run.pk):
+        raise GoldJobError(
+            "run", "this run stored no evaluation generations (evaluation split samples) to score"
+        )
+
+
+def _username(user: Any) -> str:
+    return getattr(user, "username", "") if getattr(user, "is_authenticated", False) else ""
+
+
+def _locked_gold_job(run: Run, job_id: int) -> tuple[Artifact, dict[str, Any], str]:
+    """``(job, a copy of its meta, its status)`` under the row's lock (call inside a transaction), so
+    a researcher's action and the worker's progress meet one at a time; an unknown id is refused."""
+    job = Artifact.objects.select_for_update().filter(pk=job_id, run_id=run.pk, kind=GOLD_KIND).first()
+    if job is None:
+        raise GoldJobError("job", f"run #{run.pk} has no gold job #{job_id}")
+    m = dict(job.meta or {})
+    return job, m, m.get("status", "")
+
+
+def retry_gold_job(run: Run, job_id: int, user: Any = None, enqueue: bool = True) -> Artifact:
+    """Queue a failed or cancelled gold job again with the same spec, on the same row (the label
+    keeps naming one gold), under a new task id so a late message of the earlier attempt is refused.
+    The earlier attempt is appended to ``meta["attempts"]``; the steps it stored are kept and the
+    worker scores only the others. A queued, running, cancelling or succeeded job is refused by
+    name with its state."""
+    _check_writable(run)
+    with transaction.atomic():
+        job, m, status = _locked_gold_job(run, job_id)
+        if status not in RETRYABLE:
+            raise GoldJobError(
+                "job", f"gold job {job.name!r} is {status}; only a failed or cancelled job can be retried"
+            )
+        _check_sources(run, m.get("prompts"))
+        attempt = {k: m.get(k) for k in ("status", "error", "done", "total", "started", "finished", "by")}
+        task_id = uuid.uuid4().hex
+        for k in ("started", "finished", "heartbeat", "worker", "cancelled_by"):
+            m.pop(k, None)
+        m.update(
+            status="queued", task_id=task_id, error="", done=len(m.get("steps") or []), total=0,
+            attempts=[*(m.get("attempts") or []), attempt], by=_username(user),
+        )  # fmt: skip
+        job.meta = m
+        job.save(update_fields=["meta"])
         if enqueue:
             transaction.on_commit(lambda: _enqueue(GOLD_TASK, job.pk, task_id))
     return job
@@ -376,7 +453,7 @@ def _update(job_id: int, task_id: str, **fields: Any) -> bool:
             fields = {**fields, "status": "cancelled"}
         if current == "cancelled" and fields.get("status") != "failed":
             fields = {k: v for k, v in fields.items() if k != "status"}
-        job.meta = {**(job.meta or {}), **fields}
+        job.meta = {**(job.meta or {}), **fields, "heartbeat": timezone.now().isoformat()}
         if fields.get("status") in ENDED:
             job.meta["finished"] = timezone.now().isoformat()
         job.save(update_fields=["meta"])
@@ -389,17 +466,13 @@ def cancel_gold_job(run: Run, job_id: int, user: Any = None) -> Artifact:
     A job that has ended, or is already being cancelled, is refused with its state."""
     _check_writable(run)
     with transaction.atomic():
-        job = Artifact.objects.select_for_update().filter(pk=job_id, run_id=run.pk, kind=GOLD_KIND).first()
-        if job is None:
-            raise GoldJobError("job", f"run #{run.pk} has no gold job #{job_id}")
-        m = dict(job.meta or {})
-        status = m.get("status", "")
+        job, m, status = _locked_gold_job(run, job_id)
         if status not in ACTIVE:
             what = "is already being cancelled" if status == "cancelling" else f"has already ended ({status})"
             raise GoldJobError(
                 "job", f"gold job {job.name!r} {what}; only a queued or running job can be cancelled"
             )
-        m["cancelled_by"] = getattr(user, "username", "") if getattr(user, "is_authenticated", False) else ""
+        m["cancelled_by"] = _username(user)
         if status == "queued":
             m.update(status="cancelled", finished=timezone.now().isoformat())
         else:
@@ -421,9 +494,112 @@ def _claim(job_id: int, task_id: str) -> Artifact | None:
         m = (job.meta or {}) if job is not None else {}
         if job is None or m.get("task_id") != task_id or m.get("status") != "queued":
             return None
-        job.meta = {**m, "status": "running", "started": timezone.now().isoformat()}
+        now = timezone.now().isoformat()
+        job.meta = {**m, "status": "running", "started": now, "heartbeat": now, "worker": _worker_name()}
         job.save(update_fields=["meta"])
     return job
+
+
+def _worker_name() -> str:
+    """The Celery worker's name (as runs record ``worker_host``), or host:pid outside a worker."""
+    name = getattr(getattr(current_task, "request", None), "hostname", None)
+    return name or f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _JobHeartbeat(threading.Thread):
+    """Stamps the job's ``meta["heartbeat"]`` every ``GRUE_HEARTBEAT_INTERVAL`` from a side thread,
+    as the runs' heartbeat does, so a long step (a checkpoint re-generating, a slow judge) does not
+    look like a dead worker. Only while the job still names this task."""
+
+    def __init__(self, job_id: int, task_id: str):
+        super().__init__(name=f"gold-heartbeat-{job_id}", daemon=True)
+        self.job_id, self.task_id = job_id, task_id
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._done.wait(settings.GRUE_HEARTBEAT_INTERVAL):
+                try:
+                    _update(self.job_id, self.task_id)
+                except Exception:  # noqa: BLE001 - a DB blip must not kill the job
+                    log.warning("heartbeat of gold job %s failed", self.job_id, exc_info=True)
+                    close_old_connections()
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=10)
+
+
+def fail_stale_gold_jobs(
+    older_than: float | None = None, *, worker_host: str | None = None, run_ids: Iterable[int] | None = None
+) -> list[int]:
+    """Gold jobs a dead worker left ``running`` (or ``cancelling``) end ``failed`` (``cancelled``
+    when a cancel was asked), with an error saying the worker stopped; returns their ids. Stale:
+    no heartbeat for ``older_than`` seconds (``GRUE_LOST_AFTER``, the runs' limit), or, with
+    ``worker_host``, claimed by that host (a restarted worker runs nothing yet). ``run_ids`` limits
+    the check (the run page checks its own jobs). Decided again under the row's lock, so a beat
+    that lands meanwhile keeps the job."""
+    qs = Artifact.objects.filter(kind=GOLD_KIND, meta__status__in=list(HELD))
+    if run_ids is not None:
+        qs = qs.filter(run_id__in=list(run_ids))
+    age = older_than if older_than is not None else settings.GRUE_LOST_AFTER
+    limit = timezone.now() - timedelta(seconds=age)
+    out = []
+    for job_id in qs.values_list("pk", flat=True):
+        with transaction.atomic():
+            job = Artifact.objects.select_for_update().filter(pk=job_id).first()
+            m = dict(job.meta or {}) if job is not None else {}
+            if m.get("status") not in HELD:
+                continue
+            beat = m.get("heartbeat") or m.get("started") or ""
+            if worker_host is not None:
+                if m.get("worker") != worker_host:
+                    continue
+                why = f"the worker {worker_host} restarted while it held this job"
+            else:
+                if beat and datetime.fromisoformat(beat) >= limit:
+                    continue
+                why = f"the worker {m.get('worker') or '?'} stopped sending heartbeats (last: {beat or 'never'})"
+            cancelled = m["status"] == "cancelling"
+            m.update(
+                status="cancelled" if cancelled else "failed", finished=timezone.now().isoformat(),
+                error=f"Worker stopped: {why}. The steps it scored ({m.get('done', 0)}) are kept; "
+                + ("the cancel is done." if cancelled else "retry the job to score the rest."),
+            )  # fmt: skip
+            job.meta = m
+            job.save(update_fields=["meta"])
+            log.warning("gold job %s: %s", job_id, why)
+            out.append(job_id)
+    return out
+
+
+@task_postrun.connect
+def _after_run_watch(sender: Any = None, **kwargs: Any) -> None:
+    """After the runs' periodic watchdog task (celery beat), check the gold jobs the same way."""
+    if getattr(sender, "name", None) != RUN_WATCH_TASK:
+        return
+    try:
+        fail_stale_gold_jobs()
+    except Exception:  # noqa: BLE001 - the run watchdog's result stands
+        log.exception("stale gold job check failed")
+    finally:
+        connection.close()
+
+
+@worker_ready.connect
+def _on_worker_ready(sender: Any = None, **kwargs: Any) -> None:
+    """A (re)started worker holds no gold job yet: the jobs it had claimed failed with it."""
+    try:
+        hostname = getattr(sender, "hostname", None)
+        if hostname:
+            fail_stale_gold_jobs(worker_host=hostname)
+        fail_stale_gold_jobs()
+    except Exception:  # noqa: BLE001 - never keep a worker from starting
+        log.exception("stale gold job check at worker start failed")
+    finally:
+        connection.close()
 
 
 # ------------------------------------------------------------------------------------ gold scoring
@@ -538,7 +714,7 @@ def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
         return {"id": job_id, "status": "not claimed"}
     meta = job.meta
     work = _work(Run.objects.get(pk=job.run_id), meta)
-    _update(job_id, task_id, total=len(work), done=0)
+    _update(job_id, task_id, total=len(work), done=len(meta.get("steps") or []))
     try:
         metric = GoldReward(reward=meta["spec"])
     except Exception as exc:  # noqa: BLE001 - the reason goes on the job, the page shows it
@@ -547,9 +723,12 @@ def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
         )
         return {"id": job_id, "status": "failed"}
     key = meta["key"]
-    steps_out: list[dict[str, Any]] = []
-    notes: dict[str, str] = {}
-    for done, (step, produce) in enumerate(work, 1):
+    # A retried job keeps the steps its earlier attempts stored (their points are never overwritten).
+    steps_out: list[dict[str, Any]] = list(meta.get("steps") or [])
+    notes: dict[str, str] = dict(meta.get("masking_notes") or {})
+    scored = {int(e["step"]) for e in steps_out}
+    todo = [(step, produce) for step, produce in work if step not in scored]
+    for done, (step, produce) in enumerate(todo, len(steps_out) + 1):
         if _cancel_requested(job_id):  # before each step: the steps already scored are kept
             _update(job_id, task_id, status="cancelled")
             return {"id": job_id, "status": "cancelled", "steps": len(steps_out)}
@@ -737,7 +916,12 @@ def _as_task(kind: str, run: Any, job_id: int, task_id: str) -> dict[str, Any]:
 
 @shared_task(name=GOLD_TASK, ignore_result=True)
 def score_gold(job_id: int, task_id: str) -> dict[str, Any]:
-    return _as_task("gold", run_gold_job, job_id, task_id)
+    beat = _JobHeartbeat(job_id, task_id)
+    beat.start()
+    try:
+        return _as_task("gold", run_gold_job, job_id, task_id)
+    finally:
+        beat.stop()
 
 
 @shared_task(name=EXPORT_TASK, ignore_result=True)

@@ -92,9 +92,30 @@ def gold_cancel(request: HttpRequest, pk: int, job_id: int) -> HttpResponse:
 
 
 @researcher_required
+@require_POST
+def gold_retry(request: HttpRequest, pk: int, job_id: int) -> HttpResponse:
+    """Queue a failed or cancelled gold job again (the page asks for confirmation first); a queued,
+    running or succeeded job is refused, naming it and its state."""
+    run = get_object_or_404(Run, pk=pk)
+    try:
+        job = gold_jobs.retry_gold_job(run, job_id, user=request.user)
+    except gold_jobs.GoldJobError as exc:
+        messages.error(request, f"Not retried: {exc}", extra_tags="gold-error")
+    else:
+        kept = job.meta.get("done", 0)
+        messages.success(
+            request,
+            f"Gold {job.name!r} queued again (attempt {len(job.meta['attempts']) + 1})"
+            + (f"; steps already scored, kept: {kept}." if kept else "."),
+        )
+    return _back(run)
+
+
+@researcher_required
 @require_GET
 def jobs_json(request: HttpRequest, pk: int) -> JsonResponse:
     run = get_object_or_404(Run.objects.only("pk"), pk=pk)
+    gold_jobs.fail_stale_gold_jobs(run_ids=[run.pk])  # a dead worker's job shows failed while polled
     jobs = [gold_jobs.job_json(j) for j in gold_jobs.jobs_of(run)]
     for j in jobs:
         j.pop("path", None)  # the page links the download; the server path is not needed in JSON

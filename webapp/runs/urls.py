@@ -33,6 +33,7 @@ urlpatterns = [
     path("runs/<int:pk>/gold/", gold_views.gold_start, name="gold_start"),
     path("runs/<int:pk>/gold/jobs.json", gold_views.jobs_json, name="gold_jobs"),
     path("runs/<int:pk>/gold/jobs/<int:job_id>/cancel/", gold_views.gold_cancel, name="gold_cancel"),
+    path("runs/<int:pk>/gold/jobs/<int:job_id>/retry/", gold_views.gold_retry, name="gold_retry"),
     path("runs/<int:pk>/checkpoints/<int:step>/export/", gold_views.checkpoint_export, name="ckpt_export"),
     path(
         "runs/<int:pk>/checkpoints/<int:step>/model.tar.gz",

@@ -1,7 +1,8 @@
 // Progress of the over-optimisation watch's jobs on the run page (webapp/runs/gold_jobs.py): while a
 // gold is being scored or a checkpoint exported, poll the run's jobs.json and update the rows; when a
 // job ends, reload the page so the panel shows the new gold (selected) or the export's links. A gold
-// job's cancel button asks for confirmation first; a job being cancelled is polled until it stops.
+// job's cancel and retry buttons ask for confirmation first; a job being cancelled is polled until it
+// stops, and a job that ends failed or cancelled reloads the page so its retry button shows.
 (function () {
   "use strict";
   const table = document.getElementById("gold-jobs");
@@ -12,14 +13,17 @@
   const ACTIVE = ["queued", "running", "cancelling"];
   const ENDED_WITH_GOLD = ["succeeded", "cancelled"];
 
-  panel.querySelectorAll("form.gold-cancel-form").forEach(function (form) {
-    form.addEventListener("submit", function (ev) {
-      const name = form.dataset.jobName || "this gold";
-      if (!window.confirm("Cancel the gold “" + name + "”? The worker stops before the next evaluation step; the steps already scored are kept.")) {
-        ev.preventDefault();
-      }
+  // A job's state-changing form is sent only once the researcher confirms (verb, then what follows).
+  function confirmFirst(selector, verb, consequence) {
+    panel.querySelectorAll(selector).forEach(function (form) {
+      form.addEventListener("submit", function (ev) {
+        const name = form.dataset.jobName || "this gold";
+        if (!window.confirm(verb + " the gold “" + name + "”? " + consequence)) ev.preventDefault();
+      });
     });
-  });
+  }
+  confirmFirst("form.gold-cancel-form", "Cancel", "The worker stops before the next evaluation step; the steps already scored are kept.");
+  confirmFirst("form.gold-retry-form", "Retry", "It is queued again with the same gold; the steps already scored are kept and the rest are scored.");
 
   function shown() {
     const out = {};
@@ -44,7 +48,7 @@
       .then(function (data) {
         if (!data) { setTimeout(poll, 2000); return; }
         let finishedGold = null;
-        let finishedExport = false;
+        let endedOther = false;
         data.jobs.forEach(function (j) {
           if (j.kind === "gold-job") {
             const tr = panel.querySelector('#gold-jobs tr[data-job="' + j.id + '"]');
@@ -60,16 +64,17 @@
             if (ACTIVE.indexOf(was) >= 0 && ENDED_WITH_GOLD.indexOf(j.status) >= 0 && j.done > 0) {
               finishedGold = j.key;
             }
+            if (ACTIVE.indexOf(was) >= 0 && ACTIVE.indexOf(j.status) < 0) endedOther = true; // reload: its retry button shows
           } else {
             const was = before["s" + j.step];
-            if (ACTIVE.indexOf(was) >= 0 && ACTIVE.indexOf(j.status) < 0) finishedExport = true;
+            if (ACTIVE.indexOf(was) >= 0 && ACTIVE.indexOf(j.status) < 0) endedOther = true;
           }
         });
         if (finishedGold) {
           const params = new URLSearchParams(window.location.search);
           params.set("gold", finishedGold);
           window.location.assign(window.location.pathname + "?" + params.toString() + "#overopt-panel");
-        } else if (finishedExport) {
+        } else if (endedOther) {
           window.location.reload();
         } else {
           setTimeout(poll, 1000);
