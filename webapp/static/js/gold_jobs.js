@@ -13,12 +13,16 @@
   const ACTIVE = ["queued", "running", "cancelling"];
   const ENDED_WITH_GOLD = ["succeeded", "cancelled"];
 
+  // Set once a confirmed form is being sent: its response (a redirect) wins over the poll's reload.
+  let submitting = false;
+
   // A job's state-changing form is sent only once the researcher confirms (verb, then what follows).
   function confirmFirst(selector, verb, consequence) {
     panel.querySelectorAll(selector).forEach(function (form) {
       form.addEventListener("submit", function (ev) {
         const name = form.dataset.jobName || "this gold";
         if (!window.confirm(verb + " the gold “" + name + "”? " + consequence)) ev.preventDefault();
+        else submitting = true;
       });
     });
   }
@@ -46,6 +50,7 @@
     fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (data) {
+        if (submitting) return;
         if (!data) { setTimeout(poll, 2000); return; }
         let finishedGold = null;
         let endedOther = false;
