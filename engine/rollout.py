@@ -760,13 +760,17 @@ def _scores_from_generation(
     """Whether :func:`collect` reads the policy's log-probs, entropy and hidden states (hence shared-head
     values) off the decode steps that sampled the tokens, so that only the reference (and a separate
     critic) run a scoring pass: the same numbers as the policy's teacher-forced pass up to float rounding
-    (a KV-cached step multiplies the same weights by the same activations). As ``asked``, by default
-    for causal LMs in fp32 — an encoder-decoder's first decode step (the decoder prefix through the
+    (a KV-cached step multiplies the same weights by the same activations). As ``asked`` (off by
+    default), in fp32 only; meant for causal LMs — an encoder-decoder's first decode step (the decoder prefix through the
     cache) differed from its teacher-forced row by ~1e-3 in log-prob on the tiny T5, and bf16 decode
     steps differ from a bf16 teacher-forced pass by bf16 rounding; never for the ``full`` KL estimator
     (it needs the whole distributions) or when the policy is not scored at all."""
     if asked is None:
-        asked = autocast_dtype is None and not policy.is_seq2seq
+        # Off by default for now: its rounding-level difference moved two learning tests' trajectories
+        # (the first iteration's KL is ~1e-6 instead of exactly 0; the NLPO shuffled control's random
+        # walk) and they have not been re-validated over seeds yet (issue #30).
+        asked = False
+    asked = asked and autocast_dtype is None
     return asked and score_policy and kl_estimator != "full"
 
 
