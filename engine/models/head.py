@@ -6,7 +6,7 @@ yet the usual path (``logits = lm_head(h)``, then ``logsumexp``/``gather`` and t
 backward) allocates half a dozen fresh (B, T, V) tensors. With SmolLM2's 49k vocabulary and 16 × 48
 tokens each is ~150 MB, and on a CPU a fresh buffer of that size costs more in page faults (~45 ms
 on the benchmark VM) than the arithmetic done in it (~7 ms in place). :class:`HeadLogits` keeps the
-head's input instead of its output; :func:`head_logsumexp` computes the logits once into one buffer,
+head's input instead of its output; :func:`head_token_logits` computes the logits once into one buffer,
 reduces it in row blocks small enough for the allocator to reuse, and in the backward turns that same
 buffer into the gradient in place (``softmax · grad``) before the two matrix products. The chosen and
 EOS logits are dot products with single rows of the head's weight, left to ordinary autograd.
@@ -152,7 +152,7 @@ class _HeadTokenLogits(torch.autograd.Function):
         hidden, weight, lse, tokens = ctx.saved_tensors
         x = ctx.logits
         if x is None:
-            raise RuntimeError("head_logsumexp's backward runs once (its logits buffer becomes the gradient)")
+            raise RuntimeError("the fused head's backward runs once (its logits buffer becomes the gradient)")
         ctx.logits = None
         if ctx.operands is not None:
             hidden, weight = ctx.operands
