@@ -40,7 +40,6 @@ from engine.models.policy import (
     full_logprobs,
     gather_logprobs,
     kl_from_logprobs,
-    lm_forward,
     prefill_distinct,
     restrict_logprobs,
     shared_prompt_rows,
@@ -537,17 +536,8 @@ def reference_logprobs(
     masked; no (B, T, V) log-softmax is kept (log p = x_a - logsumexp x)."""
     device = inputs["gen_ids"].device
     with autocast(device, autocast_dtype):
-        r_logits, _ = lm_forward(
-            ref_lm,
-            policy.is_seq2seq,
-            inputs["prompt_ids"],
-            inputs["prompt_mask"],
-            inputs["gen_ids"],
-            inputs["gen_mask"],
-            policy.decoder_start_id,
-            want_hidden=False,
-            share_prompts=share_prompts,
-            lazy_head=True,
+        r_logits, _ = policy.lm_forward_batch(
+            ref_lm, inputs, want_hidden=False, share_prompts=share_prompts, lazy_head=True
         )
     _, ref_lp, _ = token_logprobs(r_logits, inputs["gen_ids"], temperature, None, want_entropy=False)
     return ref_lp * inputs["gen_mask"]
@@ -588,16 +578,8 @@ def score(
     kl = None
     if ref_lm is not None:
         with autocast(device, autocast_dtype):
-            r_logits, _ = lm_forward(
-                ref_lm,
-                policy.is_seq2seq,
-                inputs["prompt_ids"],
-                inputs["prompt_mask"],
-                ids,
-                inputs["gen_mask"],
-                policy.decoder_start_id,
-                want_hidden=False,
-                share_prompts=share_prompts,
+            r_logits, _ = policy.lm_forward_batch(
+                ref_lm, inputs, want_hidden=False, share_prompts=share_prompts
             )
         r_full = full_logprobs(r_logits, temperature)
         del r_logits

@@ -211,16 +211,3 @@ def head_token_logits(
         eos.view(lead) if eos_id is not None else None,
         entropy.view(lead) if want_entropy else None,
     )
-
-
-def head_logsumexp(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    scale: float = 1.0,
-    want_entropy: bool = False,
-    compute_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log-sum-exp, entropy or None) over the vocabulary for each row of ``hidden`` (..., H): see
-    :func:`head_token_logits`."""
-    lse, _, _, entropy = head_token_logits(hidden, weight, None, scale, want_entropy, compute_dtype)
-    return lse, entropy

@@ -350,6 +350,25 @@ class ActorCritic(nn.Module):
         #: The decoder prefix: an int (start token), or [start, forced BOS] for BART-like models.
         self.decoder_start_id = decoder_start_of(lm, is_seq2seq)
 
+    def lm_forward_batch(
+        self, lm: Any, batch: dict[str, torch.Tensor], want_hidden: bool, **kwargs: Any
+    ) -> tuple[torch.Tensor | HeadLogits, torch.Tensor | None]:
+        """:func:`lm_forward` of ``lm`` over a batch's prompts and generations, with this policy's model
+        kind and decoder prefix: the one place that spells the call out for the policy, its separate
+        critic and the reference (``engine.rollout``), which share both. ``kwargs``: ``share_prompts``,
+        ``lazy_head``, ``need_logits`` (see :func:`lm_forward`)."""
+        return lm_forward(
+            lm,
+            self.is_seq2seq,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["gen_ids"],
+            batch["gen_mask"],
+            self.decoder_start_id,
+            want_hidden,
+            **kwargs,
+        )
+
     def forward_tokens(
         self,
         batch: dict[str, torch.Tensor],
@@ -360,17 +379,8 @@ class ActorCritic(nn.Module):
         """Logits (B, T, V) for the generated tokens and values (B, T) of the states that chose them.
         ``share_prompts``, ``lazy_head``: see :func:`lm_forward`."""
         shared = want_values and self.critic is None
-        logits, hidden = lm_forward(
-            self.lm,
-            self.is_seq2seq,
-            batch["prompt_ids"],
-            batch["prompt_mask"],
-            batch["gen_ids"],
-            batch["gen_mask"],
-            self.decoder_start_id,
-            want_hidden=shared,
-            share_prompts=share_prompts,
-            lazy_head=lazy_head,
+        logits, hidden = self.lm_forward_batch(
+            self.lm, batch, want_hidden=shared, share_prompts=share_prompts, lazy_head=lazy_head
         )
         values = None
         if want_values:
@@ -383,14 +393,9 @@ class ActorCritic(nn.Module):
     def critic_values(self, batch: dict[str, torch.Tensor], share_prompts: bool = False) -> torch.Tensor:
         """A separate critic's values (B, T): its own pass, so that PPO can run it after the policy's
         backward (``PPO.split_minibatch``) as well as inside :meth:`forward_tokens`."""
-        _, c_hidden = lm_forward(
+        _, c_hidden = self.lm_forward_batch(
             self.critic,
-            self.is_seq2seq,
-            batch["prompt_ids"],
-            batch["prompt_mask"],
-            batch["gen_ids"],
-            batch["gen_mask"],
-            self.decoder_start_id,
+            batch,
             want_hidden=True,
             share_prompts=share_prompts,
             # The critic needs its trunk's last hidden state only: the base model runs alone and never

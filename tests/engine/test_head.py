@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from engine.models.head import HeadLogits, head_logsumexp, plain_head_weight
+from engine.models.head import HeadLogits, head_token_logits, plain_head_weight
 from engine.models.policy import EosBan, lm_forward, token_logprobs
 from engine.rollout import tokenize_prompts
 
@@ -130,7 +130,7 @@ def test_fused_logsumexp_spans_row_blocks():
     g = torch.Generator().manual_seed(3)
     weight = torch.randn(70_000, 4, generator=g)  # > 29 rows per 2M-float block at V = 70k
     hidden = torch.randn(100, 4, generator=g)
-    lse, entropy = head_logsumexp(hidden, weight, 0.5, want_entropy=True)
+    lse, _, _, entropy = head_token_logits(hidden, weight, None, 0.5, want_entropy=True)
     x = (hidden @ weight.t()).double() * 0.5
     assert torch.allclose(lse.double(), torch.logsumexp(x, -1), atol=1e-4)
     p = torch.softmax(x, -1)
@@ -139,7 +139,7 @@ def test_fused_logsumexp_spans_row_blocks():
 
 def test_fused_backward_runs_once():
     hidden, weight, _ = _case()
-    lse, _ = head_logsumexp(hidden, weight)
+    lse, _, _, _ = head_token_logits(hidden, weight, None)
     lse.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="runs once"):
         lse.sum().backward()
