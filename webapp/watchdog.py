@@ -9,6 +9,11 @@ Automatic resume (issue 14 item 1) mirrors Celery's ``acks_late`` + ``reject_on_
 redelivery: a lost run that has a checkpoint is queued again (``lifecycle.resume_run``), at most
 ``GRUE_AUTO_RESUME_LIMIT`` times per run (counted in ``Run.auto_resumes``); the queued message waits
 in the broker until a worker is back. ``GRUE_AUTO_RESUME=0`` turns it off.
+
+The jobs of the over-optimisation watch (a gold scored after the fact, a checkpoint export;
+``webapp/runs/gold_jobs.py``) are watched in the same pass: one whose worker stopped heartbeating ends
+``failed`` (:func:`mark_lost`, shared with the cron command ``manage.py mark_lost_runs``), so it can
+be retried, whether or not anyone opens its run page. They are not resumed automatically.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
-from webapp.runs import ingest, lifecycle
+from webapp.runs import gold_jobs, ingest, lifecycle
 from webapp.runs.errors import ServiceError
 from webapp.runs.models import Run, RunStatus
 
@@ -32,6 +37,18 @@ log = logging.getLogger(__name__)
 class SweepResult:
     lost: list[int] = field(default_factory=list)
     resumed: list[int] = field(default_factory=list)
+    #: Over-optimisation jobs (gold, export) whose worker died, now failed (``Artifact`` ids).
+    failed_jobs: list[int] = field(default_factory=list)
+
+
+def mark_lost(older_than: float | None = None) -> SweepResult:
+    """Everything a dead worker left behind: running runs without a heartbeat become ``lost``, and
+    gold and export jobs without one end ``failed`` (``gold_jobs.fail_stale_jobs``), both after
+    ``older_than`` seconds (``GRUE_LOST_AFTER``). The watchdog's sweep and the cron command share it,
+    so neither deployment path forgets the jobs."""
+    return SweepResult(
+        lost=lifecycle.mark_lost_runs(older_than), failed_jobs=gold_jobs.fail_stale_jobs(older_than)
+    )
 
 
 def auto_resume_lost_runs(limit: int | None = None) -> list[int]:
@@ -72,8 +89,9 @@ def auto_resume_lost_runs(limit: int | None = None) -> list[int]:
 
 
 def sweep(*, auto_resume: bool | None = None) -> SweepResult:
-    """One pass: running runs without a heartbeat become lost; lost runs with a checkpoint resume."""
-    result = SweepResult(lost=lifecycle.mark_lost_runs())
+    """One pass: running runs without a heartbeat become lost, and jobs without one fail
+    (:func:`mark_lost`); lost runs with a checkpoint resume."""
+    result = mark_lost()
     if settings.GRUE_AUTO_RESUME if auto_resume is None else auto_resume:
         result.resumed = auto_resume_lost_runs()
     return result
@@ -94,6 +112,8 @@ def watch(
                 report(f"marked lost: {res.lost}")
             if res.resumed:
                 report(f"resumed from checkpoint: {res.resumed}")
+            if res.failed_jobs:
+                report(f"failed jobs of stopped workers: {res.failed_jobs}")
         except Exception as exc:  # noqa: BLE001 - keep watching through outages
             log.warning("run watchdog sweep failed: %s", exc)
             close_old_connections()

@@ -155,7 +155,9 @@ def test_roles_every_new_endpoint(annotator_client: Any, researcher: Any, db: An
         ("post", f"/runs/{run.pk}/gold/"),
         ("get", f"/runs/{run.pk}/gold/jobs.json"),
         ("post", f"/runs/{run.pk}/gold/jobs/1/cancel/"),
+        ("post", f"/runs/{run.pk}/gold/jobs/1/retry/"),
         ("post", f"/runs/{run.pk}/checkpoints/10/export/"),
+        ("post", f"/runs/{run.pk}/checkpoints/10/export/retry/"),
         ("get", f"/runs/{run.pk}/checkpoints/10/model.tar.gz"),
         ("get", f"/launch/?checkpoint={run.pk}:10"),
     ]
@@ -490,11 +492,11 @@ def test_a_stale_job_fails_and_a_retry_scores_only_the_missing_steps(
     job.refresh_from_db()
     assert (job.meta["status"], job.meta["done"]) == ("running", 2)
 
-    assert gold_jobs.fail_stale_gold_jobs(older_than=60) == []  # its heartbeat is fresh
+    assert gold_jobs.fail_stale_jobs(older_than=60) == []  # its heartbeat is fresh
     _age_heartbeat(job, 120)
-    assert gold_jobs.fail_stale_gold_jobs(older_than=60, run_ids=[run.pk + 1]) == []  # another run
-    assert gold_jobs.fail_stale_gold_jobs(older_than=60, run_ids=[run.pk]) == [job.pk]
-    assert gold_jobs.fail_stale_gold_jobs(older_than=60) == []  # once
+    assert gold_jobs.fail_stale_jobs(older_than=60, run_ids=[run.pk + 1]) == []  # another run
+    assert gold_jobs.fail_stale_jobs(older_than=60, run_ids=[run.pk]) == [job.pk]
+    assert gold_jobs.fail_stale_jobs(older_than=60) == []  # once
     job.refresh_from_db()
     assert job.meta["status"] == "failed" and job.meta["finished"]
     assert job.meta["error"].startswith("Worker stopped: the worker ")
@@ -571,15 +573,15 @@ def test_stale_jobs_of_a_restarted_worker_and_a_cancel_that_outlived_its_worker(
             meta={**Artifact.objects.get(pk=job.pk).meta, "worker": worker}
         )
         jobs[label] = job
-    assert gold_jobs.fail_stale_gold_jobs(worker_host="w1@host") == [jobs["on-w1"].pk]
+    assert gold_jobs.fail_stale_jobs(worker_host="w1@host") == [jobs["on-w1"].pk]
     w1 = Artifact.objects.get(pk=jobs["on-w1"].pk)
     assert w1.meta["status"] == "failed"
     assert w1.meta["error"].startswith("Worker stopped: the worker w1@host restarted while it held this job.")
 
     assert gold_jobs.cancel_gold_job(run, jobs["on-w2"].pk).meta["status"] == "cancelling"
-    assert gold_jobs.fail_stale_gold_jobs(older_than=60) == []
+    assert gold_jobs.fail_stale_jobs(older_than=60) == []
     _age_heartbeat(jobs["on-w2"], 61)
-    assert gold_jobs.fail_stale_gold_jobs(older_than=60) == [jobs["on-w2"].pk]
+    assert gold_jobs.fail_stale_jobs(older_than=60) == [jobs["on-w2"].pk]
     w2 = Artifact.objects.get(pk=jobs["on-w2"].pk)
     assert w2.meta["status"] == "cancelled" and w2.meta["error"].endswith("the cancel is done.")
     again = gold_jobs.retry_gold_job(run, w2.pk, enqueue=False)
@@ -606,7 +608,7 @@ def test_a_killed_worker_fails_its_gold_job_and_a_retry_finishes_it(
     assert job.meta["status"] == "running" and at_kill < job.meta["total"] == 404
 
     def failed() -> bool:
-        return gold_jobs.fail_stale_gold_jobs(older_than=2.0, run_ids=[run.pk]) == [job.pk]
+        return gold_jobs.fail_stale_jobs(older_than=2.0, run_ids=[run.pk]) == [job.pk]
 
     wait_for_condition(failed, timeout=60, interval=0.1, what="the dead worker's job to go stale")
     data = researcher_client.get(f"/runs/{run.pk}/gold/jobs.json").json()["jobs"][0]

@@ -41,12 +41,16 @@ error, steps done), so the page shows what happened before and the label keeps n
 steps the earlier attempt stored are kept and not scored again (points are never overwritten); the
 worker scores the others.
 
+A failed export is retried the same way (:func:`retry_export_job`, or exporting that checkpoint
+again): the same row, a new task id, the earlier attempts kept.
+
 A worker that dies mid-job leaves it ``running``. Runs already handle that (``heartbeat_at``,
-``GRUE_LOST_AFTER``, ``lifecycle.mark_lost_runs`` on celery beat and at a worker's start); gold jobs
-ride on the same mechanism: the worker stamps ``meta["heartbeat"]`` every ``GRUE_HEARTBEAT_INTERVAL``
-and on each write, and :func:`fail_stale_gold_jobs` runs after every ``mark_lost_runs`` task, at a
-worker's start (jobs that host had claimed), and when the run page or its jobs.json is read. A stale
-job ends ``failed`` with an error saying the worker stopped, so it can be retried.
+``GRUE_LOST_AFTER``, ``lifecycle.mark_lost_runs``); both kinds of job ride on the same mechanism: the
+worker stamps ``meta["heartbeat"]`` every ``GRUE_HEARTBEAT_INTERVAL`` and on each write, and
+:func:`fail_stale_jobs` runs wherever lost runs are looked for — the run watchdog's sweep and the
+cron command (``webapp.watchdog.mark_lost``), after every beat-scheduled ``mark_lost_runs`` task, at
+a worker's start (jobs that host had claimed) — and when the run page or its jobs.json is read. A
+stale job ends ``failed`` with an error saying the worker stopped, so it can be retried.
 """
 
 from __future__ import annotations
@@ -87,15 +91,16 @@ EXPORT_KIND = "checkpoint-export"
 GOLD_TASK = "webapp.runs.gold_jobs.score_gold"
 EXPORT_TASK = "webapp.runs.gold_jobs.export_checkpoint"
 KEY_PREFIX = "eval/gold:"
+JOB_KINDS = (GOLD_KIND, EXPORT_KIND)
 ACTIVE = ("queued", "running")
 #: The states of a gold job the page keeps polling (a cancel request waits for the worker's next step).
 GOLD_ACTIVE = (*ACTIVE, "cancelling")
 ENDED = ("succeeded", "failed", "cancelled")
-#: The states a gold job can be retried from.
+#: The states a job (gold or export) can be retried from.
 RETRYABLE = ("failed", "cancelled")
-#: The states in which a worker holds a gold job (its heartbeat is watched).
+#: The states in which a worker holds a job (its heartbeat is watched).
 HELD = ("running", "cancelling")
-#: The run watchdog's periodic task (``webapp.runs.tasks``); the gold jobs' check runs after it.
+#: The runs' periodic beat task (``webapp.runs.tasks``); the jobs' staleness check runs after it.
 RUN_WATCH_TASK = "webapp.runs.tasks.mark_lost_runs"
 #: Most prompts a gold job re-generates per checkpoint (each checkpoint is loaded and sampled on them).
 MAX_PROMPTS = 512
@@ -225,13 +230,15 @@ def job_json(job: Artifact) -> dict[str, Any]:
         "done": m.get("done", 0),
         "total": m.get("total", 0),
         "error": m.get("error", ""),
+        "attempts": [
+            {"status": a.get("status", ""), "error": a.get("error", ""), "done": a.get("done", 0)}
+            for a in m.get("attempts") or []
+        ],
     }
     if job.kind == GOLD_KIND:
         out.update(
             key=m.get("key", ""), gold=m.get("gold", ""), steps=m.get("steps", []), prompts=m.get("prompts"),
             masking=masking_summary(m.get("steps", []), m.get("masking_notes") or {}),
-            attempts=[{"status": a.get("status", ""), "error": a.get("error", ""), "done": a.get("done", 0)}
-                      for a in m.get("attempts") or []],
         )  # fmt: skip
     else:
         out.update(step=m.get("step"), path=job.path if m.get("status") == "succeeded" else "")
@@ -299,14 +306,46 @@ def _username(user: Any) -> str:
     return getattr(user, "username", "") if getattr(user, "is_authenticated", False) else ""
 
 
-def _locked_gold_job(run: Run, job_id: int) -> tuple[Artifact, dict[str, Any], str]:
+def _locked_job(
+    run: Run, kind: str, missing: GoldJobError, **match: Any
+) -> tuple[Artifact, dict[str, Any], str]:
     """``(job, a copy of its meta, its status)`` under the row's lock (call inside a transaction), so
-    a researcher's action and the worker's progress meet one at a time; an unknown id is refused."""
-    job = Artifact.objects.select_for_update().filter(pk=job_id, run_id=run.pk, kind=GOLD_KIND).first()
+    a researcher's action and the worker's progress meet one at a time; no such job is ``missing``."""
+    job = Artifact.objects.select_for_update().filter(run_id=run.pk, kind=kind, **match).first()
     if job is None:
-        raise GoldJobError("job", f"run #{run.pk} has no gold job #{job_id}")
+        raise missing
     m = dict(job.meta or {})
     return job, m, m.get("status", "")
+
+
+def _locked_gold_job(run: Run, job_id: int) -> tuple[Artifact, dict[str, Any], str]:
+    return _locked_job(
+        run, GOLD_KIND, GoldJobError("job", f"run #{run.pk} has no gold job #{job_id}"), pk=job_id
+    )
+
+
+def _check_retryable(what: str, status: str) -> None:
+    """Only a job that has ended without success can be queued again; the refusal names the job."""
+    if status not in RETRYABLE:
+        raise GoldJobError("job", f"{what} is {status}; only a failed or cancelled job can be retried")
+
+
+def _requeue(job: Artifact, m: dict[str, Any], user: Any, task: str, enqueue: bool, **fresh: Any) -> None:
+    """Queue ``job`` again on its own row (call under the row's lock, :func:`_locked_job`): a new task
+    id, so a late message of the earlier attempt is refused by the claim; the earlier attempt (status,
+    error, progress, times) appended to ``meta["attempts"]``; ``fresh`` resets the progress."""
+    attempt = {k: m.get(k) for k in ("status", "error", "done", "total", "started", "finished", "by")}
+    task_id = uuid.uuid4().hex
+    for k in ("started", "finished", "heartbeat", "worker", "cancelled_by"):
+        m.pop(k, None)
+    m.update(
+        status="queued", task_id=task_id, error="", attempts=[*(m.get("attempts") or []), attempt],
+        by=_username(user), **fresh,
+    )  # fmt: skip
+    job.meta = m
+    job.save(update_fields=["meta"])
+    if enqueue:
+        transaction.on_commit(lambda: _enqueue(task, job.pk, task_id))
 
 
 def retry_gold_job(run: Run, job_id: int, user: Any = None, enqueue: bool = True) -> Artifact:
@@ -318,23 +357,24 @@ def retry_gold_job(run: Run, job_id: int, user: Any = None, enqueue: bool = True
     _check_writable(run)
     with transaction.atomic():
         job, m, status = _locked_gold_job(run, job_id)
-        if status not in RETRYABLE:
-            raise GoldJobError(
-                "job", f"gold job {job.name!r} is {status}; only a failed or cancelled job can be retried"
-            )
+        _check_retryable(f"gold job {job.name!r}", status)
         _check_sources(run, m.get("prompts"))
-        attempt = {k: m.get(k) for k in ("status", "error", "done", "total", "started", "finished", "by")}
-        task_id = uuid.uuid4().hex
-        for k in ("started", "finished", "heartbeat", "worker", "cancelled_by"):
-            m.pop(k, None)
-        m.update(
-            status="queued", task_id=task_id, error="", done=len(m.get("steps") or []), total=0,
-            attempts=[*(m.get("attempts") or []), attempt], by=_username(user),
-        )  # fmt: skip
-        job.meta = m
-        job.save(update_fields=["meta"])
-        if enqueue:
-            transaction.on_commit(lambda: _enqueue(GOLD_TASK, job.pk, task_id))
+        _requeue(job, m, user, GOLD_TASK, enqueue, done=len(m.get("steps") or []), total=0)
+    return job
+
+
+def retry_export_job(run: Run, step: int, user: Any = None, enqueue: bool = True) -> Artifact:
+    """Queue the failed (or dead worker's) export of the checkpoint at ``step`` again, on the same row
+    with its earlier attempts kept (as :func:`retry_gold_job`); the checkpoint must still be on disk.
+    A queued, running or succeeded export is refused by name with its state."""
+    with transaction.atomic():
+        missing = GoldJobError(
+            "step", f"run #{run.pk} has no export of the checkpoint at step {step} to retry"
+        )
+        job, m, status = _locked_job(run, EXPORT_KIND, missing, meta__step=int(step))
+        _check_retryable(f"the export of checkpoint {job.name} (step {step})", status)
+        source = _checkpoint_source(run, step)
+        _requeue(job, m, user, EXPORT_TASK, enqueue, done=0, total=1, checkpoint=str(source))
     return job
 
 
@@ -347,31 +387,35 @@ def _describe(spec: Mapping[str, Any]) -> str:
     return text
 
 
-def start_export_job(run: Run, step: int, user: Any = None, enqueue: bool = True) -> Artifact:
-    """Queue the export of the run's checkpoint at ``step`` as a model directory (once per step)."""
+def _checkpoint_source(run: Run, step: int) -> Path:
+    """The directory of the run's checkpoint at ``step``, refused (field ``step``) when there is no
+    such checkpoint or it is no longer on disk; checked at an export's start and again at its retry."""
     ckpt = Checkpoint.objects.filter(run_id=run.pk, step=step).first()
     if ckpt is None:
         raise GoldJobError("step", f"run #{run.pk} has no saved checkpoint at step {step}")
     source = checkpoint_dir(ckpt)
     if not (source / STATE_FILE).is_file():
         raise GoldJobError("step", missing_message(ckpt, source))
+    return source
+
+
+def start_export_job(run: Run, step: int, user: Any = None, enqueue: bool = True) -> Artifact:
+    """Queue the export of the run's checkpoint at ``step`` as a model directory (one row per step: an
+    active or succeeded export is returned as it is, a failed or cancelled one is retried on its row)."""
+    source = _checkpoint_source(run, step)
     with transaction.atomic():
         Run.objects.select_for_update().filter(pk=run.pk).first()
         existing = Artifact.objects.filter(run_id=run.pk, kind=EXPORT_KIND, meta__step=int(step)).first()
-        if existing is not None and (existing.meta or {}).get("status") in (*ACTIVE, "succeeded"):
+        if existing is not None:
+            if (existing.meta or {}).get("status") in RETRYABLE:
+                return retry_export_job(run, step, user=user, enqueue=enqueue)  # keeps the attempts
             return existing
         task_id = uuid.uuid4().hex
         meta = {"status": "queued", "task_id": task_id, "step": int(step), "checkpoint": str(source),
-                "done": 0, "total": 1, "error": ""}  # fmt: skip
-        out = export_dir(run, source)
-        if existing is not None:
-            existing.meta, existing.path = meta, str(out)
-            existing.save(update_fields=["meta", "path"])
-            job = existing
-        else:
-            job = Artifact.objects.create(
-                run=run, name=source.name, kind=EXPORT_KIND, path=str(out), meta=meta
-            )
+                "done": 0, "total": 1, "error": "", "by": _username(user)}  # fmt: skip
+        job = Artifact.objects.create(
+            run=run, name=source.name, kind=EXPORT_KIND, path=str(export_dir(run, source)), meta=meta
+        )
         if enqueue:
             transaction.on_commit(lambda: _enqueue(EXPORT_TASK, job.pk, task_id))
     return job
@@ -508,11 +552,11 @@ def _worker_name() -> str:
 
 class _JobHeartbeat(threading.Thread):
     """Stamps the job's ``meta["heartbeat"]`` every ``GRUE_HEARTBEAT_INTERVAL`` from a side thread,
-    as the runs' heartbeat does, so a long step (a checkpoint re-generating, a slow judge) does not
-    look like a dead worker. Only while the job still names this task."""
+    as the runs' heartbeat does, so a long step (a checkpoint re-generating, a slow judge, a big
+    model exported) does not look like a dead worker. Only while the job still names this task."""
 
     def __init__(self, job_id: int, task_id: str):
-        super().__init__(name=f"gold-heartbeat-{job_id}", daemon=True)
+        super().__init__(name=f"job-heartbeat-{job_id}", daemon=True)
         self.job_id, self.task_id = job_id, task_id
         self._done = threading.Event()
 
@@ -522,7 +566,7 @@ class _JobHeartbeat(threading.Thread):
                 try:
                     _update(self.job_id, self.task_id)
                 except Exception:  # noqa: BLE001 - a DB blip must not kill the job
-                    log.warning("heartbeat of gold job %s failed", self.job_id, exc_info=True)
+                    log.warning("heartbeat of job %s failed", self.job_id, exc_info=True)
                     close_old_connections()
         finally:
             connection.close()
@@ -532,16 +576,16 @@ class _JobHeartbeat(threading.Thread):
         self.join(timeout=10)
 
 
-def fail_stale_gold_jobs(
+def fail_stale_jobs(
     older_than: float | None = None, *, worker_host: str | None = None, run_ids: Iterable[int] | None = None
 ) -> list[int]:
-    """Gold jobs a dead worker left ``running`` (or ``cancelling``) end ``failed`` (``cancelled``
-    when a cancel was asked), with an error saying the worker stopped; returns their ids. Stale:
-    no heartbeat for ``older_than`` seconds (``GRUE_LOST_AFTER``, the runs' limit), or, with
-    ``worker_host``, claimed by that host (a restarted worker runs nothing yet). ``run_ids`` limits
-    the check (the run page checks its own jobs). Decided again under the row's lock, so a beat
-    that lands meanwhile keeps the job."""
-    qs = Artifact.objects.filter(kind=GOLD_KIND, meta__status__in=list(HELD))
+    """Jobs (gold or export) a dead worker left ``running`` (or ``cancelling``) end ``failed``
+    (``cancelled`` when a cancel was asked), with an error saying the worker stopped; returns their
+    ids. Stale: no heartbeat for ``older_than`` seconds (``GRUE_LOST_AFTER``, the runs' limit), or,
+    with ``worker_host``, claimed by that host (a restarted worker runs nothing yet). ``run_ids``
+    limits the check (the run page checks its own jobs). Decided again under the row's lock, so a
+    beat that lands meanwhile keeps the job."""
+    qs = Artifact.objects.filter(kind__in=JOB_KINDS, meta__status__in=list(HELD))
     if run_ids is not None:
         qs = qs.filter(run_id__in=list(run_ids))
     age = older_than if older_than is not None else settings.GRUE_LOST_AFTER
@@ -565,39 +609,47 @@ def fail_stale_gold_jobs(
             cancelled = m["status"] == "cancelling"
             m.update(
                 status="cancelled" if cancelled else "failed", finished=timezone.now().isoformat(),
-                error=f"Worker stopped: {why}. The steps it scored ({m.get('done', 0)}) are kept; "
-                + ("the cancel is done." if cancelled else "retry the job to score the rest."),
+                error=f"Worker stopped: {why}. " + _stale_outcome(job, m, cancelled),
             )  # fmt: skip
             job.meta = m
             job.save(update_fields=["meta"])
-            log.warning("gold job %s: %s", job_id, why)
+            log.warning("%s %s: %s", job.kind, job_id, why)
             out.append(job_id)
     return out
 
 
+def _stale_outcome(job: Artifact, m: Mapping[str, Any], cancelled: bool) -> str:
+    """What a dead worker's job keeps, and what to do next (the end of its error)."""
+    if job.kind == EXPORT_KIND:
+        return "Nothing was exported (the directory is written whole or not at all); retry the export."
+    return f"The steps it scored ({m.get('done', 0)}) are kept; " + (
+        "the cancel is done." if cancelled else "retry the job to score the rest."
+    )
+
+
 @task_postrun.connect
 def _after_run_watch(sender: Any = None, **kwargs: Any) -> None:
-    """After the runs' periodic watchdog task (celery beat), check the gold jobs the same way."""
+    """After the runs' periodic watchdog task (celery beat), check the jobs the same way."""
     if getattr(sender, "name", None) != RUN_WATCH_TASK:
         return
     try:
-        fail_stale_gold_jobs()
+        fail_stale_jobs()
     except Exception:  # noqa: BLE001 - the run watchdog's result stands
-        log.exception("stale gold job check failed")
+        log.exception("stale job check failed")
     finally:
         connection.close()
 
 
 @worker_ready.connect
 def _on_worker_ready(sender: Any = None, **kwargs: Any) -> None:
-    """A (re)started worker holds no gold job yet: the jobs it had claimed failed with it."""
+    """A (re)started worker holds no job yet: the jobs it had claimed failed with it."""
     try:
         hostname = getattr(sender, "hostname", None)
         if hostname:
-            fail_stale_gold_jobs(worker_host=hostname)
-        fail_stale_gold_jobs()
+            fail_stale_jobs(worker_host=hostname)
+        fail_stale_jobs()
     except Exception:  # noqa: BLE001 - never keep a worker from starting
-        log.exception("stale gold job check at worker start failed")
+        log.exception("stale job check at worker start failed")
     finally:
         connection.close()
 
@@ -901,9 +953,12 @@ def run_export_job(job_id: int, task_id: str) -> dict[str, Any]:
 
 
 def _as_task(kind: str, run: Any, job_id: int, task_id: str) -> dict[str, Any]:
-    """A worker's job with fresh database connections; an unexpected error marks the job failed with
-    its reason (so the page stops polling) and is re-raised for the worker's log."""
+    """A worker's job with fresh database connections and its heartbeat beside it (so a dead worker's
+    job is found, :func:`fail_stale_jobs`); an unexpected error marks the job failed with its reason
+    (so the page stops polling) and is re-raised for the worker's log."""
     close_old_connections()
+    beat = _JobHeartbeat(job_id, task_id)
+    beat.start()
     try:
         return run(job_id, task_id)
     except Exception as exc:
@@ -911,17 +966,13 @@ def _as_task(kind: str, run: Any, job_id: int, task_id: str) -> dict[str, Any]:
         _update(job_id, task_id, status="failed", error=f"{type(exc).__name__}: {exc}")
         raise
     finally:
+        beat.stop()
         close_old_connections()
 
 
 @shared_task(name=GOLD_TASK, ignore_result=True)
 def score_gold(job_id: int, task_id: str) -> dict[str, Any]:
-    beat = _JobHeartbeat(job_id, task_id)
-    beat.start()
-    try:
-        return _as_task("gold", run_gold_job, job_id, task_id)
-    finally:
-        beat.stop()
+    return _as_task("gold", run_gold_job, job_id, task_id)
 
 
 @shared_task(name=EXPORT_TASK, ignore_result=True)

@@ -1,5 +1,6 @@
-"""Endpoints of the over-optimisation watch's jobs (``webapp/runs/gold_jobs.py``): start a gold after
-the fact, export a checkpoint, download an export, and the jobs' progress as JSON for the run page.
+"""Endpoints of the over-optimisation watch's jobs (``webapp/runs/gold_jobs.py``): start, cancel and
+retry a gold after the fact, export a checkpoint and retry a failed export, download an export, and
+the jobs' progress as JSON for the run page.
 
 Every view requires a researcher (annotators are sent to the annotation app); every state change is
 a POST with CSRF. Errors come back as a message naming the field, on the run page's panel.
@@ -8,7 +9,7 @@ a POST with CSRF. Errors come back as a message naming the field, on the run pag
 from __future__ import annotations
 
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from django.contrib import messages
@@ -20,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from webapp.access import researcher_required
 from webapp.runs import gold_jobs, paths
 from webapp.runs.errors import PathNotAllowed
-from webapp.runs.models import Run
+from webapp.runs.models import Artifact, Run
 
 PANEL = "#overopt-panel"
 
@@ -70,25 +71,66 @@ def checkpoint_export(request: HttpRequest, pk: int, step: int) -> HttpResponse:
     return _back(run)
 
 
+def _act(
+    request: HttpRequest,
+    pk: int,
+    action: Callable[..., Artifact],
+    key: int,
+    refused: str,
+    said: Callable[[Artifact], str],
+) -> HttpResponse:
+    """A confirmed job action of the panel (cancel, retry: ``action(run, key, user=...)``): done, its
+    outcome is said; refused, the reason (naming the job and its state) is said after ``refused``;
+    back to the panel either way."""
+    run = get_object_or_404(Run, pk=pk)
+    try:
+        job = action(run, key, user=request.user)
+    except gold_jobs.GoldJobError as exc:
+        messages.error(request, f"{refused}: {exc}", extra_tags="gold-error")
+    else:
+        messages.success(request, said(job))
+    return _back(run)
+
+
+def _attempt(job: Artifact) -> int:
+    return len(job.meta["attempts"]) + 1
+
+
+def _export_retry_said(job: Artifact) -> str:
+    return (
+        f"Export of checkpoint {job.name} (step {job.meta['step']}) queued again (attempt {_attempt(job)})."
+    )
+
+
+@researcher_required
+@require_POST
+def checkpoint_export_retry(request: HttpRequest, pk: int, step: int) -> HttpResponse:
+    """Queue a failed (or dead worker's) export again on its row, the earlier attempts kept (the
+    page asks for confirmation first); a queued, running or succeeded export is refused, saying so."""
+    return _act(request, pk, gold_jobs.retry_export_job, step, "Not retried", _export_retry_said)
+
+
+def _cancel_said(job: Artifact) -> str:
+    if job.meta.get("status") == "cancelled":
+        return f"Gold {job.name!r} cancelled before it started."
+    return (
+        f"Gold {job.name!r} is being cancelled: the worker stops before the next evaluation step and "
+        "keeps the steps it has scored."
+    )
+
+
 @researcher_required
 @require_POST
 def gold_cancel(request: HttpRequest, pk: int, job_id: int) -> HttpResponse:
     """Cancel a gold job (the page asks for confirmation first); an ended job is refused, saying so."""
-    run = get_object_or_404(Run, pk=pk)
-    try:
-        job = gold_jobs.cancel_gold_job(run, job_id, user=request.user)
-    except gold_jobs.GoldJobError as exc:
-        messages.error(request, f"Not cancelled: {exc}", extra_tags="gold-error")
-    else:
-        state = job.meta.get("status")
-        messages.success(
-            request,
-            f"Gold {job.name!r} cancelled before it started."
-            if state == "cancelled"
-            else f"Gold {job.name!r} is being cancelled: the worker stops before the next evaluation "
-            "step and keeps the steps it has scored.",
-        )
-    return _back(run)
+    return _act(request, pk, gold_jobs.cancel_gold_job, job_id, "Not cancelled", _cancel_said)
+
+
+def _retry_said(job: Artifact) -> str:
+    kept = job.meta.get("done", 0)
+    return f"Gold {job.name!r} queued again (attempt {_attempt(job)})" + (
+        f"; steps already scored, kept: {kept}." if kept else "."
+    )
 
 
 @researcher_required
@@ -96,26 +138,14 @@ def gold_cancel(request: HttpRequest, pk: int, job_id: int) -> HttpResponse:
 def gold_retry(request: HttpRequest, pk: int, job_id: int) -> HttpResponse:
     """Queue a failed or cancelled gold job again (the page asks for confirmation first); a queued,
     running or succeeded job is refused, naming it and its state."""
-    run = get_object_or_404(Run, pk=pk)
-    try:
-        job = gold_jobs.retry_gold_job(run, job_id, user=request.user)
-    except gold_jobs.GoldJobError as exc:
-        messages.error(request, f"Not retried: {exc}", extra_tags="gold-error")
-    else:
-        kept = job.meta.get("done", 0)
-        messages.success(
-            request,
-            f"Gold {job.name!r} queued again (attempt {len(job.meta['attempts']) + 1})"
-            + (f"; steps already scored, kept: {kept}." if kept else "."),
-        )
-    return _back(run)
+    return _act(request, pk, gold_jobs.retry_gold_job, job_id, "Not retried", _retry_said)
 
 
 @researcher_required
 @require_GET
 def jobs_json(request: HttpRequest, pk: int) -> JsonResponse:
     run = get_object_or_404(Run.objects.only("pk"), pk=pk)
-    gold_jobs.fail_stale_gold_jobs(run_ids=[run.pk])  # a dead worker's job shows failed while polled
+    gold_jobs.fail_stale_jobs(run_ids=[run.pk])  # a dead worker's job shows failed while polled
     jobs = [gold_jobs.job_json(j) for j in gold_jobs.jobs_of(run)]
     for j in jobs:
         j.pop("path", None)  # the page links the download; the server path is not needed in JSON

@@ -188,7 +188,7 @@ def overopt_context(run: Run, request: HttpRequest | None) -> dict[str, Any] | N
     """What the over-optimisation panel shows, or None for a run with nothing to watch (no
     evaluation metric, no evaluation generations, no checkpoint)."""
     choices = eval_keys([run.pk])
-    gold_jobs.fail_stale_gold_jobs(run_ids=[run.pk])  # a job whose worker died shows as failed
+    gold_jobs.fail_stale_jobs(run_ids=[run.pk])  # a job whose worker died shows as failed
     jobs = [gold_jobs.job_json(j) for j in gold_jobs.jobs_of(run)]
     ckpts, pruned = gold_jobs.existing_checkpoints(run.pk)
     has_evals = bool(gold_jobs.eval_steps(run.pk)) if not choices else True

@@ -36,6 +36,11 @@ urlpatterns = [
     path("runs/<int:pk>/gold/jobs/<int:job_id>/retry/", gold_views.gold_retry, name="gold_retry"),
     path("runs/<int:pk>/checkpoints/<int:step>/export/", gold_views.checkpoint_export, name="ckpt_export"),
     path(
+        "runs/<int:pk>/checkpoints/<int:step>/export/retry/",
+        gold_views.checkpoint_export_retry,
+        name="ckpt_export_retry",
+    ),
+    path(
         "runs/<int:pk>/checkpoints/<int:step>/model.tar.gz",
         gold_views.checkpoint_download,
         name="ckpt_download",

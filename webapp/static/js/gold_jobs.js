@@ -1,8 +1,9 @@
 // Progress of the over-optimisation watch's jobs on the run page (webapp/runs/gold_jobs.py): while a
 // gold is being scored or a checkpoint exported, poll the run's jobs.json and update the rows; when a
 // job ends, reload the page so the panel shows the new gold (selected) or the export's links. A gold
-// job's cancel and retry buttons ask for confirmation first; a job being cancelled is polled until it
-// stops, and a job that ends failed or cancelled reloads the page so its retry button shows.
+// job's cancel and retry buttons (and a failed export's retry) ask for confirmation first; a job being
+// cancelled is polled until it stops, and a job that ends failed or cancelled reloads the page so its
+// retry button shows.
 (function () {
   "use strict";
   const table = document.getElementById("gold-jobs");
@@ -16,18 +17,19 @@
   // Set once a confirmed form is being sent: its response (a redirect) wins over the poll's reload.
   let submitting = false;
 
-  // A job's state-changing form is sent only once the researcher confirms (verb, then what follows).
-  function confirmFirst(selector, verb, consequence) {
+  // A job's state-changing form is sent only once the researcher confirms (verb, job, what follows).
+  function confirmFirst(selector, verb, what, consequence) {
     panel.querySelectorAll(selector).forEach(function (form) {
       form.addEventListener("submit", function (ev) {
-        const name = form.dataset.jobName || "this gold";
-        if (!window.confirm(verb + " the gold “" + name + "”? " + consequence)) ev.preventDefault();
+        const name = form.dataset.jobName || "this job";
+        if (!window.confirm(verb + " " + what + " “" + name + "”? " + consequence)) ev.preventDefault();
         else submitting = true;
       });
     });
   }
-  confirmFirst("form.gold-cancel-form", "Cancel", "The worker stops before the next evaluation step; the steps already scored are kept.");
-  confirmFirst("form.gold-retry-form", "Retry", "It is queued again with the same gold; the steps already scored are kept and the rest are scored.");
+  confirmFirst("form.gold-cancel-form", "Cancel", "the gold", "The worker stops before the next evaluation step; the steps already scored are kept.");
+  confirmFirst("form.gold-retry-form", "Retry", "the gold", "It is queued again with the same gold; the steps already scored are kept and the rest are scored.");
+  confirmFirst("form.ckpt-retry-form", "Retry", "the export of", "It is queued again on the same row; the earlier attempt stays listed.");
 
   function shown() {
     const out = {};
