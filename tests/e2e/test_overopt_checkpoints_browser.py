@@ -14,15 +14,9 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.conftest import status_of, wait_for_condition
+from tests.e2e.overopt_setup import RUBRIC_YAML, Dialogs, finished_run, queued_gold_job
 
 pytestmark = [pytest.mark.e2e]
-
-RUBRIC_YAML = """criteria:
-  - name: numeric
-    description: Is the continuation made of numbers?
-    scale: {min: 1, max: 5}
-judge: {backend: stub}
-"""
 
 
 @pytest.mark.django_db(transaction=True)
@@ -105,18 +99,10 @@ def test_the_run_page_follows_a_gold_job_to_its_end(
 ) -> None:
     """A queued job's row shows its state; when the job ends (run here by the worker's own function,
     so the moment is the test's), the page's poll of jobs.json switches the panel to the new gold."""
-    from webapp.runs import gold_jobs, services
-    from webapp.runs.models import Run, Sample
+    from webapp.runs import gold_jobs
 
-    run = services.create_run({"name": "followed"}, user=researcher)
-    Run.objects.filter(pk=run.pk).update(status="succeeded")
-    for step, gens in {0: ["1 2", "3 4"], 10: ["1 x", "y y"]}.items():
-        for i, g in enumerate(gens):
-            Sample.objects.create(
-                run=run, step=step, split="validation", sample_id=str(i), prompt="p", generation=g
-            )
-    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_YAML, "later")
-    job = gold_jobs.start_gold_job(run, spec, label, enqueue=False)  # no worker takes it
+    run = finished_run(researcher, "followed", {0: ["1 2", "3 4"], 10: ["1 x", "y y"]})
+    job = queued_gold_job(run, "later")  # no worker takes it
 
     login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/runs/{run.pk}/", timeout=120_000)
@@ -136,38 +122,23 @@ def test_cancel_a_gold_job_from_the_run_page(
 ) -> None:
     """The cancel button asks first: dismissing keeps the job; accepting cancels it (queued: at once),
     the row says so and offers no button any more."""
-    from webapp.runs import gold_jobs, services
-    from webapp.runs.models import Artifact, Run, Sample
+    from webapp.runs.models import Artifact
 
-    run = services.create_run({"name": "cancelled"}, user=researcher)
-    Run.objects.filter(pk=run.pk).update(status="succeeded")
-    for step in (0, 10):
-        Sample.objects.create(
-            run=run, step=step, split="validation", sample_id="0", prompt="p", generation="1"
-        )
-    spec, label = gold_jobs.clean_gold_request("reward:rubric", RUBRIC_YAML, "stop-me")
-    job = gold_jobs.start_gold_job(run, spec, label, enqueue=False)  # no worker takes it
+    run = finished_run(researcher, "cancelled")
+    job = queued_gold_job(run, "stop-me")  # no worker takes it
 
     login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/runs/{run.pk}/", timeout=120_000)
     row = page.locator("#gold-jobs tr[data-key='eval/gold:stop-me']")
-    dialogs: list[str] = []
-
-    def answer(accept: bool) -> Any:
-        def handler(dialog: Any) -> None:
-            dialogs.append(dialog.message)
-            dialog.accept() if accept else dialog.dismiss()
-
-        return handler
-
-    page.once("dialog", answer(False))
+    dialogs = Dialogs(page)
+    dialogs.answer_next(False)
     row.locator("button.gold-cancel").click()
     expect(row.locator(".job-status")).to_have_text("queued")
-    assert "Cancel the gold “stop-me”?" in dialogs[0]
+    assert "Cancel the gold “stop-me”?" in dialogs.messages[0]
     job.refresh_from_db()
     assert job.meta["status"] == "queued"
 
-    page.once("dialog", answer(True))
+    dialogs.answer_next(True)
     row.locator("button.gold-cancel").click(no_wait_after=True)
     page.wait_for_url(f"{asgi_server.url}/runs/{run.pk}/#overopt-panel", timeout=60_000)
     expect(page.get_by_text("Gold 'stop-me' cancelled before it started.")).to_be_visible()

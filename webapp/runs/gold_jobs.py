@@ -48,8 +48,8 @@ A worker that dies mid-job leaves it ``running``. Runs already handle that (``he
 ``GRUE_LOST_AFTER``, ``lifecycle.mark_lost_runs``); both kinds of job ride on the same mechanism: the
 worker stamps ``meta["heartbeat"]`` every ``GRUE_HEARTBEAT_INTERVAL`` and on each write, and
 :func:`fail_stale_jobs` runs wherever lost runs are looked for — the run watchdog's sweep and the
-cron command (``webapp.watchdog.mark_lost``), after every beat-scheduled ``mark_lost_runs`` task, at
-a worker's start (jobs that host had claimed) — and when the run page or its jobs.json is read. A
+cron command and the beat-scheduled ``mark_lost_runs`` task (all through ``webapp.watchdog.mark_lost``),
+at a worker's start (jobs that host had claimed) — and when the run page or its jobs.json is read. A
 stale job ends ``failed`` with an error saying the worker stopped, so it can be retried.
 """
 
@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import current_task, shared_task
-from celery.signals import task_postrun, worker_ready
+from celery.signals import worker_ready
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
@@ -100,8 +100,6 @@ ENDED = ("succeeded", "failed", "cancelled")
 RETRYABLE = ("failed", "cancelled")
 #: The states in which a worker holds a job (its heartbeat is watched).
 HELD = ("running", "cancelling")
-#: The runs' periodic beat task (``webapp.runs.tasks``); the jobs' staleness check runs after it.
-RUN_WATCH_TASK = "webapp.runs.tasks.mark_lost_runs"
 #: Most prompts a gold job re-generates per checkpoint (each checkpoint is loaded and sampled on them).
 MAX_PROMPTS = 512
 MAX_ARGS_CHARS = 20_000
@@ -625,19 +623,6 @@ def _stale_outcome(job: Artifact, m: Mapping[str, Any], cancelled: bool) -> str:
     return f"The steps it scored ({m.get('done', 0)}) are kept; " + (
         "the cancel is done." if cancelled else "retry the job to score the rest."
     )
-
-
-@task_postrun.connect
-def _after_run_watch(sender: Any = None, **kwargs: Any) -> None:
-    """After the runs' periodic watchdog task (celery beat), check the jobs the same way."""
-    if getattr(sender, "name", None) != RUN_WATCH_TASK:
-        return
-    try:
-        fail_stale_jobs()
-    except Exception:  # noqa: BLE001 - the run watchdog's result stands
-        log.exception("stale job check failed")
-    finally:
-        connection.close()
 
 
 @worker_ready.connect

@@ -22,6 +22,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 import engine
+from webapp import watchdog
 from webapp.runs import launcher, lifecycle, workers
 from webapp.runs.models import Run, RunStatus
 from webapp.runs.recorder import Recorder, with_db_retry
@@ -153,8 +154,10 @@ def _worker_name(task: Any) -> str:
 
 @shared_task(name="webapp.runs.tasks.mark_lost_runs", ignore_result=True)
 def mark_lost_runs() -> list[int]:
-    """Periodic (celery beat) check: running runs whose heartbeat stopped become ``lost``."""
-    return lifecycle.mark_lost_runs()
+    """Periodic (celery beat) check: running runs whose heartbeat stopped become ``lost``, and the
+    gold and export jobs a dead worker held fail (``webapp.watchdog.mark_lost``, the watchdog's and
+    the cron command's sweep too). Returns the lost runs' ids."""
+    return watchdog.mark_lost().lost
 
 
 @celeryd_after_setup.connect

@@ -21,7 +21,10 @@ class Command(BaseCommand):
 
         if opts["once"]:
             res = watchdog.sweep()
-            self.stdout.write(f"marked lost: {res.lost}; resumed: {res.resumed}")
+            self.stdout.write(
+                f"marked lost: {res.lost}; resumed: {res.resumed}; "
+                f"failed jobs of stopped workers: {res.failed_jobs}"
+            )
             return
         stop = {"now": False}
 
