@@ -196,7 +196,9 @@ def load_shipped(paths: Iterable[str | Path] | None = None) -> dict[str, dict[st
 
 def study_board() -> list[dict[str, Any]]:
     """The GRUE page's reference section: per known (or loaded) study, per cell, the test sentiment and
-    perplexity as mean ± std over seeds beside the paper's numbers, and the runs (one per seed)."""
+    perplexity as mean ± std over seeds beside the paper's numbers, and the runs (one per seed). While the
+    grid is unfinished the study is ``partial`` (n of m runs) and so is each cell short of its seeds: the page
+    must not pass such a mean off as the study's result (and a std needs two seeds: ``mean_std``)."""
     runs = list(reference_runs().only("id", "name", "summary", "worker_host").order_by("id"))
     studies = dict.fromkeys(KNOWN_STUDIES)
     for r in runs:
@@ -234,7 +236,10 @@ def study_board() -> list[dict[str, Any]]:
         expected = int(grid.get("expected_runs") or 0)
         n_seeds = len(grid.get("seeds") or [])
         for c in cells:
+            # a cell short of its seeds is provisional even when the whole grid is not (an old file
+            # without a grid says nothing about seeds: n_seeds 0, never partial)
             c["n_seeds"] = n_seeds
+            c["partial"] = 0 < len(c["runs"]) < n_seeds
         shipped = (REFERENCE_DIR / f"{study}.json.gz").exists()
         out.append(
             {
