@@ -748,9 +748,9 @@ def _scores_from_generation(
     steps differ from a bf16 teacher-forced pass by bf16 rounding; never for the ``full`` KL estimator
     (it needs the whole distributions) or when the policy is not scored at all."""
     if asked is None:
-        # Off by default for now: its rounding-level difference moved two learning tests' trajectories
-        # (the first iteration's KL is ~1e-6 instead of exactly 0; the NLPO shuffled control's random
-        # walk) and they have not been re-validated over seeds yet (issue #30).
+        # Off by default: its rounding-level difference moves learning trajectories, and the NLPO
+        # learning test over five seeds failed with it on (2026-12-03: three of five seeds fell back to
+        # ~0 after learning, median final level 0.014 against > 0.15; docs/engine.md, issue #30).
         asked = False
     asked = asked and autocast_dtype is None
     return asked and score_policy and kl_estimator != "full"

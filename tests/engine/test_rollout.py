@@ -7,7 +7,14 @@ import torch
 
 from engine.data.base import Sample
 from engine.models.policy import EosBan, frozen_copy
-from engine.rollout import SamplingSpec, collect, generate, score, tokenize_prompts
+from engine.rollout import (
+    SamplingSpec,
+    _scores_from_generation,
+    collect,
+    generate,
+    score,
+    tokenize_prompts,
+)
 
 PROMPTS = [
     "<|endoftext|>",
@@ -450,6 +457,22 @@ def test_score_from_the_fused_head_equals_the_log_softmax_path(make_policy, esti
     assert float(fused.kl.abs().max()) > 1e-4
     for field in ("logprobs", "ref_logprobs", "values", "kl_logprobs", "kl", "entropy"):
         assert torch.allclose(getattr(fused, field), getattr(plain, field), atol=1e-5), field
+
+
+@pytest.mark.parametrize("kind", ["causal", "seq2seq"])
+def test_decode_step_scores_only_on_request_and_only_where_they_equal_the_scoring_pass(make_policy, kind):
+    """Off by default (turned on, the rounding moved the NLPO learning test's final level: docs/engine.md);
+    on request in fp32 for either kind, never under bf16 autocast (bf16 rounding), for the ``full``
+    estimator (whole distributions) or for an unscored policy."""
+    policy, _ = make_policy(kind)
+    for estimator in ("k1", "k3", "full"):
+        assert _scores_from_generation(None, policy, True, None, estimator) is False
+    assert _scores_from_generation(True, policy, True, None, "k1") is True
+    assert _scores_from_generation(True, policy, True, None, "k3") is True
+    assert _scores_from_generation(True, policy, True, torch.bfloat16, "k1") is False
+    assert _scores_from_generation(True, policy, True, None, "full") is False
+    assert _scores_from_generation(True, policy, False, None, "k1") is False
+    assert _scores_from_generation(False, policy, True, None, "k1") is False
 
 
 @pytest.mark.parametrize("kind", ["causal", "seq2seq"])  # seq2seq: on request only, not by default
