@@ -144,9 +144,35 @@ def _up_twice(data_dir: Path, wait_for) -> None:
         )
         assert "exists; password unchanged" in out.read_text(), out.read_text()
         assert "Log out" in _login(port)
+        # Ctrl-C, and Ctrl-C again while it stops: the second one is acknowledged, not obeyed, so the
+        # shutdown still stops the server and PostgreSQL (an interrupted one would leave them running).
+        proc.send_signal(signal.SIGINT)
+        wait_for(
+            lambda: "stopping ..." in out.read_text() or proc.poll() is not None, timeout=60, what="stopping"
+        )
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
     finally:
         _stop(proc)
-    assert proc.returncode == 0
+    text = out.read_text()
+    assert proc.returncode == 0 and "stopped" in text and "Traceback" not in text, text
+    assert not (data_dir / "postgres" / "postmaster.pid").exists()
+
+    # third start, interrupted while it prepares the database (migrations run in a child process):
+    # it stops as cleanly, without serving and without a traceback
+    proc, out = _start_up(data_dir, port, "--no-worker")
+    try:
+        wait_for(
+            lambda: "embedded PostgreSQL, Redis running" in out.read_text() or proc.poll() is not None,
+            timeout=240,
+            interval=0.1,
+            what="third up's services",
+        )
+    finally:
+        _stop(proc)
+    text = out.read_text()
+    assert proc.returncode == 0 and "stopping ..." in text and "stopped" in text, text
+    assert "GRUE Studio is up" not in text and "Traceback" not in text, text
     assert not (data_dir / "postgres" / "postmaster.pid").exists()
 
 

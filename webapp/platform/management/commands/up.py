@@ -155,11 +155,28 @@ class Command(BaseCommand):
             self.say(f"logs in {logs}; press Ctrl-C to stop")
             self._supervise(services, env)
         except (KeyboardInterrupt, _Stop):
+            self._hold_signals()
             self.say("stopping ...")
         finally:
+            # A second Ctrl-C (people press it again when stopping takes seconds) must not cut the
+            # shutdown short: that would leave the embedded PostgreSQL and the workers running.
+            self._hold_signals()
             self._stop_all()
             services.stop()
             self.say("stopped")
+
+    def _hold_signals(self) -> None:
+        def still_stopping(signum: int, frame: Any) -> None:
+            try:
+                self.say(
+                    f"still stopping (workers checkpoint their runs, at most {STOP_TIMEOUT_S:.0f} s; "
+                    "then PostgreSQL and Redis shut down)"
+                )
+            except RuntimeError:  # the signal came in the middle of a write to stdout: say nothing
+                pass
+
+        signal.signal(signal.SIGINT, still_stopping)
+        signal.signal(signal.SIGTERM, still_stopping)
 
     def _child_env(self, data_dir: Path, debug: bool) -> dict[str, str]:
         """The environment every child process gets: this checkout importable, the data directory,
