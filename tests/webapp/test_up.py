@@ -19,6 +19,7 @@ import tempfile
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 import psycopg
@@ -81,6 +82,20 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=120)
 
 
+def _wait_output(wait_for, proc: subprocess.Popen, out: Path, needle: str, what: str, **kw: Any) -> None:
+    """Until ``up`` prints ``needle`` (or exits: the caller's assertions then show its output)."""
+    kw.setdefault("timeout", 240)
+    kw.setdefault("interval", 0.3)
+    wait_for(lambda: needle in out.read_text() or proc.poll() is not None, what=what, **kw)
+
+
+def _assert_stopped_cleanly(proc: subprocess.Popen, out: Path, data_dir: Path) -> str:
+    text = out.read_text()
+    assert proc.returncode == 0 and "stopped" in text and "Traceback" not in text, text
+    assert not (data_dir / "postgres" / "postmaster.pid").exists()
+    return text
+
+
 def test_up_starts_embedded_services_serves_and_stops_cleanly(wait_for):
     # Not under pytest's tmp root: pytest resets that to 0700, which PostgreSQL's own user needs to traverse.
     base = Path(tempfile.mkdtemp(prefix="grue-up-test-"))
@@ -95,12 +110,7 @@ def _up_twice(data_dir: Path, wait_for) -> None:
     # One CPU worker and one GPU worker; no GPU here, so the GPU worker's count is given.
     proc, out = _start_up(data_dir, port, "--gpu-workers", "1", "--gpus-per-worker", "2")
     try:
-        wait_for(
-            lambda: "GRUE Studio is up" in out.read_text() or proc.poll() is not None,
-            timeout=240,
-            interval=0.3,
-            what="up to start",
-        )
+        _wait_output(wait_for, proc, out, "GRUE Studio is up", "up to start")
         text = out.read_text()
         assert proc.poll() is None, text
         assert "embedded PostgreSQL, Redis running" in text
@@ -126,54 +136,37 @@ def _up_twice(data_dir: Path, wait_for) -> None:
         assert "DATABASE_URL" in services
     finally:
         _stop(proc)
-    text = out.read_text()
-    assert proc.returncode == 0, text
-    assert "stopped" in text
+    _assert_stopped_cleanly(proc, out, data_dir)
     for child in children:
         assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, child
-    assert not (data_dir / "postgres" / "postmaster.pid").exists()
 
     # second start: same data (the admin exists, nothing is created again), web only this time
     proc, out = _start_up(data_dir, port, "--no-worker")
     try:
-        wait_for(
-            lambda: "GRUE Studio is up" in out.read_text() or proc.poll() is not None,
-            timeout=240,
-            interval=0.3,
-            what="second up",
-        )
+        _wait_output(wait_for, proc, out, "GRUE Studio is up", "second up")
         assert "exists; password unchanged" in out.read_text(), out.read_text()
         assert "Log out" in _login(port)
         # Ctrl-C, and Ctrl-C again while it stops: the second one is acknowledged, not obeyed, so the
         # shutdown still stops the server and PostgreSQL (an interrupted one would leave them running).
         proc.send_signal(signal.SIGINT)
-        wait_for(
-            lambda: "stopping ..." in out.read_text() or proc.poll() is not None, timeout=60, what="stopping"
-        )
+        _wait_output(wait_for, proc, out, "stopping ...", "stopping", timeout=60, interval=0.1)
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
     finally:
         _stop(proc)
-    text = out.read_text()
-    assert proc.returncode == 0 and "stopped" in text and "Traceback" not in text, text
-    assert not (data_dir / "postgres" / "postmaster.pid").exists()
+    _assert_stopped_cleanly(proc, out, data_dir)
 
     # third start, interrupted while it prepares the database (migrations run in a child process):
     # it stops as cleanly, without serving and without a traceback
     proc, out = _start_up(data_dir, port, "--no-worker")
     try:
-        wait_for(
-            lambda: "embedded PostgreSQL, Redis running" in out.read_text() or proc.poll() is not None,
-            timeout=240,
-            interval=0.1,
-            what="third up's services",
+        _wait_output(
+            wait_for, proc, out, "embedded PostgreSQL, Redis running", "third up's services", interval=0.1
         )
     finally:
         _stop(proc)
-    text = out.read_text()
-    assert proc.returncode == 0 and "stopping ..." in text and "stopped" in text, text
-    assert "GRUE Studio is up" not in text and "Traceback" not in text, text
-    assert not (data_dir / "postgres" / "postmaster.pid").exists()
+    text = _assert_stopped_cleanly(proc, out, data_dir)
+    assert "stopping ..." in text and "GRUE Studio is up" not in text, text
 
 
 def _mode(path: Path) -> int:
@@ -204,12 +197,7 @@ def test_up_restarts_killed_children_and_services_and_leaves_no_orphans(wait_for
     proc, out = _start_up(data_dir, port)
     seen: list[psutil.Process] = []
     try:
-        wait_for(
-            lambda: "GRUE Studio is up" in out.read_text() or proc.poll() is not None,
-            timeout=240,
-            interval=0.3,
-            what="up to start",
-        )
+        _wait_output(wait_for, proc, out, "GRUE Studio is up", "up to start")
         assert proc.poll() is None, out.read_text()
         seen += psutil.Process(proc.pid).children(recursive=True)
 
