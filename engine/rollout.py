@@ -679,7 +679,8 @@ def collect(
 ) -> RolloutBatch:
     """Generate and score episodes for ``samples`` in chunks of ``batch_size`` prompts.
 
-    ``scores_from_generation``: read the policy's scores off the decode steps (:func:`_scores_from_generation`).
+    ``scores_from_generation``: read the policy's scores off the decode steps (:func:`_scores_from_generation`;
+    None: the default, on for causal LMs in fp32).
 
     ``score_policy=False`` skips the policy's scoring pass (only the reference, if any, scores): for an
     update that scores in its own forward (see ``RolloutBatch.policy_scored``). The ``full`` KL
@@ -742,18 +743,16 @@ def _scores_from_generation(
     """Whether :func:`collect` reads the policy's log-probs, entropy and hidden states (hence shared-head
     values) off the decode steps that sampled the tokens, so that only the reference (and a separate
     critic) run a scoring pass: the same numbers as the policy's teacher-forced pass up to float rounding
-    (a KV-cached step multiplies the same weights by the same activations). As ``asked`` (off by
-    default), in fp32 only; meant for causal LMs — an encoder-decoder's first decode step (the decoder prefix through the
-    cache) differed from its teacher-forced row by ~1e-3 in log-prob on the tiny T5, and bf16 decode
-    steps differ from a bf16 teacher-forced pass by bf16 rounding; never for the ``full`` KL estimator
-    (it needs the whole distributions) or when the policy is not scored at all."""
+    (a KV-cached step multiplies the same weights by the same activations). By default (``asked``
+    None) for causal LMs, on request for encoder-decoders — their first decode step (the decoder prefix
+    through the cache) differed from its teacher-forced row by ~1e-3 in log-prob on the tiny T5. In fp32
+    only: bf16 decode steps differ from a bf16 teacher-forced pass by bf16 rounding, which would move the
+    first minibatch's PPO ratio away from 1. Never for the ``full`` KL estimator (it needs the whole
+    distributions) or when the policy is not scored at all. The price of the default: the policy's and
+    the reference's log-probs come from different kernels, so the first iteration's KL is rounding
+    (~1e-7 per token), not exactly 0; the whole suite passed with it on (issue #30)."""
     if asked is None:
-        # Off by default: its rounding-level difference moves learning trajectories, and the NLPO
-        # learning test over five seeds failed with it on (2026-12-03: three of five seeds fell back to
-        # ~0 after learning, median final level 0.014 against > 0.15). The test's criterion has since
-        # been made robust to that (second-half level, measured over ten seeds each way); turn this on
-        # after a whole suite has passed with it (docs/engine.md, issue #30).
-        asked = False
+        asked = not policy.is_seq2seq
     asked = asked and autocast_dtype is None
     return asked and score_policy and kl_estimator != "full"
 

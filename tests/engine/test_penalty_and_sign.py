@@ -132,6 +132,12 @@ DRIFT = {
 }
 
 
+# The first iteration's per-token KL when policy = reference: ~1e-7 (decode-step log-probs against a
+# teacher-forced reference, fp32 rounding; measured 3.3e-7 on seeds 0 and 1), exactly 0 before the policy's
+# scores were read off generation. A sign or estimator bug gives a KL of order 0.1-10 here.
+FIRST_KL_ROUNDING = 1e-5
+
+
 def _drift(small_config, out: Path, beta: float, seed: int) -> list[float]:
     over = json.loads(json.dumps(DRIFT))
     over["kl"] = {"controller": "fixed", "init_coef": beta, "estimator": "k1"}
@@ -151,7 +157,10 @@ def test_penalty_restrains_drift_from_the_reference(small_config, tmp_path):
     free = _drift(small_config, tmp_path / "b0", 0.0, seed=0)
     held = _drift(small_config, tmp_path / "b1", 1.0, seed=0)
     assert len(free) == len(held) == 8
-    assert free[0] == pytest.approx(0.0, abs=1e-6) and held[0] == pytest.approx(0.0, abs=1e-6)
+    # the first rollout samples from the reference itself: its KL is rounding only (the policy's
+    # log-probs come off the decode steps, the reference's from its teacher-forced pass)
+    assert free[0] == pytest.approx(0.0, abs=FIRST_KL_ROUNDING)
+    assert held[0] == pytest.approx(0.0, abs=FIRST_KL_ROUNDING)
     late_free, late_held = sum(free[-3:]) / 3, sum(held[-3:]) / 3
     assert late_free > 2.0, free  # the unpenalised policy really moved (measured > 9)
     assert late_held < 0.5 and late_held < 0.1 * late_free, (held, free)  # measured <= 0.1
