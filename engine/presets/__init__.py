@@ -46,7 +46,7 @@ from typing import Any
 import yaml
 
 from engine import dotted, yamlio
-from engine.assets import MissingAssetError
+from engine.assets import MissingAssetError, has_smollm2_placeholder, smollm2_placeholders
 from engine.assets import smollm2_gguf_path as _path
 from engine.config import ConfigError
 
@@ -136,13 +136,14 @@ def _resolve(value: Any, placeholders: dict[str, str]) -> Any:
         return [_resolve(v, placeholders) for v in value]
     if isinstance(value, str) and "{engine_fixtures}" in value:
         value = value.replace("{engine_fixtures}", str(FIXTURE_DIR))
-    if isinstance(value, str) and "{smollm2_" in value:
-        if "smollm2_gguf" not in placeholders:
-            gguf = smollm2_gguf_path()
-            placeholders["smollm2_gguf"] = gguf
-            placeholders["smollm2_wheel"] = str(Path(gguf).parent)
-        for key, path in placeholders.items():
-            value = value.replace("{" + key + "}", path)
+    if isinstance(value, str) and has_smollm2_placeholder(value):
+        if not placeholders:
+            try:
+                placeholders.update(smollm2_placeholders())
+            except MissingAssetError:
+                smollm2_gguf_path()  # raises the presets' error, which says how to do without
+        for placeholder, path in placeholders.items():
+            value = value.replace(placeholder, path)
     return value
 
 

@@ -14,7 +14,15 @@ import time
 from pathlib import Path, PurePath
 from typing import Any
 
-from engine.assets import SMOLLM2_FILE, SMOLLM2_PACKAGE, MissingAssetError, smollm2_gguf_path
+from engine.assets import (
+    SMOLLM2_FILE,
+    SMOLLM2_GGUF_PLACEHOLDER,
+    SMOLLM2_PACKAGE,
+    SMOLLM2_WHEEL_PLACEHOLDER,
+    MissingAssetError,
+    has_smollm2_placeholder,
+    smollm2_placeholders,
+)
 from engine.study.common import REFERENCE_FORMAT, TEST_FILE, StudyError
 from engine.study.reading import curve_points, load_study, read_jsonl
 
@@ -35,9 +43,9 @@ def portable_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, str) and ("/" in value or "\\" in value):
             path = PurePath(value.replace("\\", "/"))
             if path.name == SMOLLM2_FILE and path.parent.name == SMOLLM2_PACKAGE:
-                return "{smollm2_gguf}"
+                return SMOLLM2_GGUF_PLACEHOLDER
             if path.name == SMOLLM2_PACKAGE:
-                return "{smollm2_wheel}"
+                return SMOLLM2_WHEEL_PLACEHOLDER
         return value
 
     out = walk(cfg)
@@ -48,13 +56,13 @@ def portable_config(cfg: dict[str, Any]) -> dict[str, Any]:
 def local_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The inverse of ``portable_config`` on this machine (placeholders kept when the wheel is absent)."""
     text = json.dumps(cfg)
-    if "{smollm2_" in text:
+    if has_smollm2_placeholder(text):
         try:
-            gguf = smollm2_gguf_path()
+            paths = smollm2_placeholders()
         except MissingAssetError:
             return cfg
-        text = text.replace("{smollm2_gguf}", json.dumps(str(gguf))[1:-1])
-        text = text.replace("{smollm2_wheel}", json.dumps(str(Path(gguf).parent))[1:-1])
+        for placeholder, path in paths.items():
+            text = text.replace(placeholder, json.dumps(path)[1:-1])
     return json.loads(text)
 
 

