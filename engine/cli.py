@@ -44,6 +44,7 @@ from engine.study import (
     run_study,
     write_report,
 )
+from engine.study.priority import PriorityError, set_priority
 from engine.sweep import SweepError, load_sweep, run_sweep
 from engine.sweep import table as sweep_table
 from engine.trackers import trackers as tracker_registry
@@ -147,6 +148,11 @@ def cmd_study(args: argparse.Namespace) -> int:
         raise CLIError(f"unexpected argument {args.dir!r}: give the output directory with --out")
     if not args.out:
         raise CLIError(f"give the output directory: python -m engine study {args.study} --out DIR")
+    if args.priority is not None:
+        try:
+            print(set_priority(args.priority), file=sys.stderr)
+        except PriorityError as exc:
+            raise CLIError(str(exc)) from None
     results = run_study(
         args.study,
         args.out,
@@ -398,6 +404,13 @@ def _add_study(sub: Any) -> None:
         "--keep-weights", action="store_true", help="keep checkpoints and models of finished runs"
     )
     st.add_argument("--docs", help="report: also fill the results section of this markdown file")
+    st.add_argument(
+        "--priority",
+        type=int,
+        metavar="NICE",
+        help="study: nice value for this session's scheduling group (autogroup), e.g. -5 beside test "
+        "runs from other shells; start the study with setsid so the group is its own (docs/reproduction.md)",
+    )
     st.set_defaults(func=cmd_study)
 
 

@@ -234,6 +234,35 @@ def test_cli_report_and_errors(interrupted_then_resumed, capsys):
     assert "--out" in capsys.readouterr().err
 
 
+def test_priority_sets_the_nice_of_the_studys_own_scheduling_group(tmp_path):
+    """``--priority`` sets the autogroup's nice where the kernel groups by session (what decides the
+    study's share against other shells), the process nice elsewhere. Run in a new session so that the
+    group changed is the child's own, not the test runner's."""
+    code = (
+        "import os, sys; from pathlib import Path; from engine.study.priority import set_priority, AUTOGROUP\n"
+        "print(set_priority(3))\n"
+        "print(AUTOGROUP.read_text().strip() if AUTOGROUP.exists() else os.getpriority(os.PRIO_PROCESS, 0))\n"
+    )
+    mine = Path("/proc/self/autogroup")
+    before = mine.read_text() if mine.exists() else None
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, start_new_session=True
+    )
+    assert out.returncode == 0, out.stderr
+    said, state = out.stdout.strip().splitlines()
+    if before is not None:
+        assert "autogroup nice is 3" in said and state.endswith("nice 3")
+        assert mine.read_text() == before  # the runner's own group is untouched
+    else:
+        assert state == "3" and "process nice 3" in said
+
+
+def test_priority_out_of_range_names_the_option_and_runs_nothing(tmp_path, capsys):
+    assert cli.main(["study", "grue-imdb", "--out", str(tmp_path / "s"), "--priority", "40"]) == 2
+    assert "--priority: 40 is not a nice value" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+
+
 def _table(means: dict[str, tuple[float, float, float]], ppl: dict[str, float] | None = None) -> dict:
     """A results table with three seeds per cell: sentiment values as given, perplexity constant."""
     cells = {}
