@@ -11,6 +11,9 @@ web app) never opens the database or Redis, so the other half keeps the test dat
 database and the channel prefix to itself. Output: the web half streams; the engine half's output is
 printed when it ends. The exit status is the first non-zero of the two.
 
+Each half ends with its 15 slowest tests (``--durations``): the suite must stay well under 20 minutes,
+and the list says where its time goes without another timed run.
+
     python tests/run_suite.py [pytest args for both halves]
     GRUE_SUITE_SERIAL=1 python tests/run_suite.py    # one process, as before
 """
@@ -27,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Engine tests that use the web app (a live server, the database): they stay with the web half.
 ENGINE_WITH_SERVICES = ("tests/engine/test_client_remote.py", "tests/engine/test_trackers.py")
+# Printed by each half; the caller's own --durations (later on the command line) wins.
+DURATIONS = ("--durations=15", "--durations-min=5")
 
 
 def main(argv: list[str]) -> int:
@@ -48,11 +53,15 @@ def main(argv: list[str]) -> int:
     # two pytest progress lines interleaved would be unreadable.
     with tempfile.NamedTemporaryFile("w+", prefix="grue-engine-tests-", suffix=".log") as log:
         engine = subprocess.Popen(
-            [py, "-m", "pytest", *engine_args, *argv], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            [py, "-m", "pytest", *engine_args, *DURATIONS, *argv],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         print(f"engine tests run beside the others (output: {log.name}, printed when they end)", flush=True)
         try:
-            web_rc = subprocess.call([py, "-m", "pytest", *web_args, *argv], cwd=ROOT)
+            web_rc = subprocess.call([py, "-m", "pytest", *web_args, *DURATIONS, *argv], cwd=ROOT)
             engine_rc = engine.wait()
         except KeyboardInterrupt:
             engine.terminate()
