@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,10 +148,12 @@ def score_generations(
     reward_fn: Any | None,
     metric_components: list[Any],
     policy: PolicyContext | None = None,
+    timings: dict[str, float] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Corpus metrics (reward mean/std + configured metrics) and per-sample rows for the sink.
 
-    ``policy`` is handed to metrics that score the evaluated model itself (``bind_policy``).
+    ``policy`` is handed to metrics that score the evaluated model itself (``bind_policy``);
+    ``timings`` receives wall seconds under ``reward`` and each metric's first key (``compute_all``).
     """
     prompts = [s.prompt for s in samples]
     refs = [list(s.references) for s in samples]
@@ -159,7 +162,10 @@ def score_generations(
     per_sample: dict[str, list[float]] = {}
     rewards: list[float] | None = None
     if reward_fn is not None:
+        started = time.perf_counter()
         rewards = [float(r) for r in reward_fn(prompts, generations, refs, meta)]
+        if timings is not None:
+            timings["reward"] = time.perf_counter() - started
         corpus["reward_mean"] = sum(rewards) / max(len(rewards), 1)
         mean = corpus["reward_mean"]
         corpus["reward_std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1))
@@ -169,7 +175,7 @@ def score_generations(
             for obj in objs:
                 if hasattr(obj, "bind_policy"):
                     obj.bind_policy(policy.lm, policy.is_seq2seq, policy.tokenizer, policy.device)
-        c, ps = compute_all(objs, prompts, generations, refs, meta)
+        c, ps = compute_all(objs, prompts, generations, refs, meta, timings=timings)
         corpus.update({k: float(v) for k, v in c.items()})
         per_sample.update(ps)
     extra = reward_details(reward_fn, prompts, generations, refs, meta)
@@ -214,7 +220,8 @@ def evaluate(
     """Evaluate ``model_path`` (default: the config's model) on ``split``; optionally write a results JSON.
 
     ``progress`` receives a line per generated batch and per scoring phase: a test evaluation of
-    hundreds of prompts takes minutes on a CPU and should not look hung."""
+    hundreds of prompts takes minutes on a CPU and should not look hung. The result's ``timings_s``
+    says where those minutes went (generation, the reward, each metric)."""
     cfg = config
     split = split or cfg.eval.split
     path = resolve_model_path(
@@ -242,6 +249,8 @@ def evaluate(
     start = decoder_start_of(lm, kind == "seq2seq")
     # The model on disk is the last policy, so it is its own masking policy here (training: the current mask).
     masked = uses_masked_generation(cfg)
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
     gens = generate_texts(
         lm,
         kind == "seq2seq",
@@ -257,6 +266,7 @@ def evaluate(
         nlpo=cfg.algorithm.nlpo if masked else None,
         on_batch=(lambda done, total: progress(f"generated {done}/{total}")) if progress else None,
     )
+    timings["generate"] = time.perf_counter() - started
     if progress is not None:
         progress(f"scoring {len(gens)} generations: reward and {len(cfg.eval.metrics)} metrics")
     reward_fn = build_reward(cfg.reward) if with_reward else None
@@ -266,8 +276,9 @@ def evaluate(
         reward_fn,
         list(cfg.eval.metrics),
         policy=PolicyContext(lm, kind == "seq2seq", tok, device),
+        timings=timings,
     )
-    result = eval_results(split, model_path or cfg.model.name_or_path, corpus, rows)
+    result = eval_results(split, model_path or cfg.model.name_or_path, corpus, rows, timings)
     if sink is not None:
         sink.metrics(0, {f"eval/{k}": v for k, v in corpus.items()})
         sink.samples(0, split, rows)
@@ -277,11 +288,19 @@ def evaluate(
 
 
 def eval_results(
-    split: str, model: str, corpus: dict[str, float], rows: list[dict[str, Any]]
+    split: str,
+    model: str,
+    corpus: dict[str, float],
+    rows: list[dict[str, Any]],
+    timings: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The results document of ``python -m engine eval --output`` and of a run's ``eval_results.json``:
-    one shape for both, so tools that compare evaluations read either."""
-    return {"split": split, "n_samples": len(rows), "model": model, "metrics": corpus, "samples": rows}
+    one shape for both, so tools that compare evaluations read either. ``timings_s`` (wall seconds of
+    generation, reward and each metric) is there when the caller measured them."""
+    doc = {"split": split, "n_samples": len(rows), "model": model, "metrics": corpus, "samples": rows}
+    if timings:
+        doc["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+    return doc
 
 
 def write_eval_results(path: str | Path, result: dict[str, Any]) -> Path:

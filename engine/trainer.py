@@ -277,7 +277,7 @@ class Trainer:
         self.sft_done = False
         self.history: list[dict[str, float]] = []
         self.last_eval: dict[str, float] = {}
-        self.final_eval: tuple[dict[str, float], list[dict[str, Any]]] | None = None
+        self.final_eval: tuple[dict[str, float], list[dict[str, Any]], dict[str, float]] | None = None
         self.last_checkpoint: Path | None = None
 
     # ----------------------------------------------------------------- what algorithms may use
@@ -579,6 +579,8 @@ class Trainer:
             return {}
         samples = self._eval_samples()
         masked = self.algo.uses_masking_policy and self.cfg.algorithm.nlpo.masked_eval
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
         gens = generate_texts(
             self.policy.lm,
             self.policy.is_seq2seq,
@@ -593,19 +595,21 @@ class Trainer:
             masking_lm=self.algo.masking_model() if masked else None,
             nlpo=self.cfg.algorithm.nlpo if masked else None,
         )
+        timings["generate"] = time.perf_counter() - started
         corpus, rows = score_generations(
             samples,
             gens,
             self.reward_fn,
             list(self.cfg.eval.metrics),
             policy=PolicyContext(self.policy.lm, self.policy.is_seq2seq, self.tokenizer, self.device),
+            timings=timings,
         )
         values = {f"eval/{k}": v for k, v in corpus.items()}
         self.events.metrics(step, values)
         self.events.samples(step, self.cfg.eval.split, rows if final else rows[: self.cfg.train.log_samples])
         self.last_eval = values
         if final:
-            self.final_eval = (corpus, rows)
+            self.final_eval = (corpus, rows, timings)
         return values
 
     # ----------------------------------------------------------------- one iteration
@@ -985,7 +989,7 @@ class Trainer:
     def _write_eval_results(self, model_dir: Path | None) -> Path:
         """The final evaluation in the format of ``python -m engine eval --output``, so a run and a
         later re-evaluation of its model compare file to file."""
-        corpus, rows = self.final_eval
+        corpus, rows, timings = self.final_eval
         if model_dir is not None:
             model = str(model_dir)
         elif self.iteration or self.sft_step:
@@ -993,7 +997,8 @@ class Trainer:
         else:
             model = self.cfg.model.name_or_path  # zero-shot: the evaluated model is the config's
         return write_eval_results(
-            self.run_dir / "eval_results.json", eval_results(self.cfg.eval.split, model, corpus, rows)
+            self.run_dir / "eval_results.json",
+            eval_results(self.cfg.eval.split, model, corpus, rows, timings),
         )
 
     def save_model(self, out: Path) -> None:

@@ -140,6 +140,11 @@ def test_every_run_is_evaluated_on_the_same_test_prompts_and_loses_its_weights(i
         assert {SENTIMENT, PERPLEXITY, "diversity_metrics/distinct-1"} <= set(test["metrics"])
         prompts.add(tuple(s["prompt"] for s in test["samples"]))
         assert not (d / "model").exists() and not (d / "checkpoints").exists()
+        # Where the test evaluation's time went: generation, the reward and each metric by its first key.
+        timings = json.loads((d / "result.json").read_text())["test_eval_timings_s"]
+        assert timings == test["timings_s"]
+        assert {"generate", "reward", SENTIMENT, PERPLEXITY, "diversity_metrics/distinct-1"} <= set(timings)
+        assert all(v >= 0 for v in timings.values())
     assert len(prompts) == 1
 
 

@@ -94,6 +94,10 @@ def test_run_writes_eval_results_like_the_eval_command(small_config, tmp_path):
     assert run_doc["split"] == "validation" and run_doc["model"] == summary["model_dir"]
     assert run_doc["metrics"] == {k.removeprefix("eval/"): v for k, v in summary["eval"].items()}
     assert run_doc["n_samples"] == len(run_doc["samples"]) == 16
+    # Generation, reward and each configured metric (by its first key) are timed, nothing else.
+    metric_keys = {k for k in run_doc["metrics"] if not k.startswith("reward_")}
+    assert {"generate", "reward"} <= set(run_doc["timings_s"]) <= {"generate", "reward"} | metric_keys
+    assert len(run_doc["timings_s"]) == 2 + len(parse_config(cfg).eval.metrics)
 
     # Re-evaluating the saved model with greedy decoding gives the same document.
     out = tmp_path / "eval.json"
