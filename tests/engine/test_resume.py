@@ -68,10 +68,12 @@ def test_stop_and_resume_reproduce_the_uninterrupted_run(small_config, tmp_path,
     resumed = engine.train(cfg, resume_from=str(split_dir))
     assert not resumed["stopped"] and resumed["iterations"] == full["iterations"]
     assert _metrics(split_dir) == _metrics(full_dir)
-    # The resumed run's final evaluation file matches the uninterrupted run's (model paths aside).
+    # The resumed run's final evaluation file matches the uninterrupted run's (model paths and the
+    # wall-clock timings aside).
     docs = [json.loads((d / "eval_results.json").read_text()) for d in (full_dir, split_dir)]
     assert docs[0]["model"] == full["model_dir"] and docs[1]["model"] == resumed["model_dir"]
-    full_doc, split_doc = ({k: v for k, v in d.items() if k != "model"} for d in docs)
+    assert docs[0]["timings_s"].keys() == docs[1]["timings_s"].keys()
+    full_doc, split_doc = ({k: v for k, v in d.items() if k not in ("model", "timings_s")} for d in docs)
     assert split_doc == full_doc
 
 
