@@ -39,6 +39,7 @@ from engine.study import (
     BUDGETS,
     STUDIES,
     StudyError,
+    comparison_figures,
     export_reference,
     learning_check,
     run_study,
@@ -136,8 +137,18 @@ def cmd_study(args: argparse.Namespace) -> int:
         return 0
     if args.study == "check":
         if not args.dir or not args.baseline:
-            raise CLIError("usage: python -m engine study check RUN_DIR --baseline BASELINE_RUN_DIR")
-        print(json.dumps(learning_check(args.dir, args.baseline), indent=2))
+            raise CLIError(
+                "usage: python -m engine study check RUN_DIR --baseline BASELINE_RUN_DIR "
+                "[--figures DIR [--labels RUN_LABEL BASELINE_LABEL]]"
+            )
+        result = learning_check(args.dir, args.baseline)
+        if args.figures:
+            labels = args.labels or [Path(args.dir).name, Path(args.baseline).name]
+            if len(labels) != 2 or labels[0] == labels[1]:
+                raise CLIError("--labels: give two different labels, the run's and the baseline's")
+            runs = {labels[0]: args.dir, labels[1]: args.baseline}
+            result["figures"] = comparison_figures(runs, args.figures, prefix=args.figure_prefix or "")
+        print(json.dumps(result, indent=2))
         return 0
     if args.study == "export":
         if not args.dir or not args.out:
@@ -394,6 +405,13 @@ def _add_study(sub: Any) -> None:
         help="a study id, or report / export / check",
     )
     st.add_argument("--baseline", help="check: the baseline run directory (e.g. DIR/runs/zero_shot-seed0)")
+    st.add_argument("--figures", metavar="DIR", help="check: also draw both runs' curves as SVGs into DIR")
+    st.add_argument(
+        "--labels", nargs=2, metavar="LABEL", help="check --figures: the run's and the baseline's legend"
+    )
+    st.add_argument(
+        "--figure-prefix", metavar="PREFIX", help="check --figures: file name prefix (e.g. critic-)"
+    )
     st.add_argument("dir", nargs="?", metavar="DIR", help="report / export: the study directory")
     st.add_argument("--out", help="study: the output directory (re-run to resume); export: the .json.gz file")
     st.add_argument("--seeds", type=int, nargs="+", help="default: 0 1 2")

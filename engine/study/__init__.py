@@ -35,7 +35,7 @@ from engine.study.budgets import (
     test_config,
 )
 from engine.study.charts import svg_chart
-from engine.study.check import learning_check
+from engine.study.check import comparison_figures, learning_check
 from engine.study.common import (
     PERPLEXITY,
     REFERENCE_FORMAT,
@@ -96,6 +96,7 @@ __all__ = [
     "fmt_seconds",
     "get_budget",
     "get_study",
+    "comparison_figures",
     "learning_check",
     "load_study",
     "local_config",

@@ -18,6 +18,8 @@ _PALETTE = {
     "supervised_ppo": "#17becf",
     "supervised_nlpo": "#ff7f0e",
 }
+# Series that are not cells (a comparison of two runs): colours by position.
+_FALLBACK = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b")
 
 
 def _ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
@@ -80,7 +82,7 @@ def svg_chart(title: str, data: dict[str, Any], width: int = 640, height: int = 
             parts.append(f'<text x="{px(t):.1f}" y="{mt + ph + 15}" text-anchor="middle">{t:g}</text>')
     parts.append(f'<text x="{ml + pw / 2}" y="{height - 8}" text-anchor="middle">iteration</text>')
     for i, (cell, c) in enumerate(cells.items()):
-        colour = _PALETTE.get(cell, "#333")
+        colour = _PALETTE.get(cell, _FALLBACK[i % len(_FALLBACK)])
         pts = [(s, m, sd) for s, m, sd in zip(c["steps"], c["mean"], c["std"]) if m is not None]
         if len(pts) == 1:  # one evaluation: a level across the plot
             _s, m, sd = pts[0]

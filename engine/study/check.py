@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from engine.study.charts import svg_chart
 from engine.study.common import (
     PERPLEXITY,
     SENTIMENT,
@@ -89,3 +90,42 @@ def learning_check(run_dir: str | Path, baseline_dir: str | Path, window: int = 
     if iter_s:
         out["mean_iteration_s"] = sum(iter_s) / len(iter_s)
     return out
+
+
+#: The curves two runs are compared by (issue #24's critic check: reward, KL and policy perplexity, plus
+#: how much of the return the critic explains): (metric key, chart title, file stem).
+COMPARE_CURVES: tuple[tuple[str, str, str], ...] = (
+    ("train/reward_mean", "Training reward (mean per iteration)", "reward"),
+    ("train/kl", "KL to the reference model (per token, nats)", "kl"),
+    ("eval/" + PERPLEXITY, "Policy perplexity on validation references", "perplexity"),
+    ("value/explained_var", "Critic: explained variance of the returns", "explained_var"),
+    ("eval/" + SENTIMENT, "Validation sentiment", "sentiment"),
+)
+
+
+def comparison_figures(runs: dict[str, str | Path], out_dir: str | Path, prefix: str = "") -> dict[str, str]:
+    """One SVG per curve of :data:`COMPARE_CURVES` with each run's series overlaid (legend: the keys
+    of ``runs``), written as ``out_dir/<prefix><stem>.svg``; returns ``{stem: path}``. Why: the critic
+    check's verdict rests on curves over training, not on the final numbers alone, and docs/reproduction.md
+    shows them as images."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    points = {label: curve_points(Path(d)) for label, d in runs.items()}
+    written: dict[str, str] = {}
+    for key, title, stem in COMPARE_CURVES:
+        series = {}
+        for label, pts in points.items():
+            if pts.get(key):
+                steps = [s for s, _ in pts[key]]
+                series[label] = {
+                    "steps": steps,
+                    "mean": [v for _, v in pts[key]],
+                    "std": [0.0] * len(steps),
+                    "n": [1] * len(steps),
+                }
+        if not series:
+            continue
+        path = out_dir / f"{prefix}{stem}.svg"
+        path.write_text(svg_chart(title, {"cells": series}))
+        written[stem] = str(path)
+    return written

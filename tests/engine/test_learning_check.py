@@ -52,3 +52,26 @@ def test_a_run_without_a_test_evaluation_is_named(tmp_path, capsys):
     run = _run(tmp_path / "ppo2", [0.6, 0.7])
     assert cli_main(["study", "check", str(run), "--baseline", str(base)]) == 0
     assert json.loads(capsys.readouterr().out)["paired"][SENTIMENT]["mean_diff"] == pytest.approx(0.15)
+
+
+def test_comparison_figures_overlay_both_runs(tmp_path, capsys):
+    """The critic check's figures: each curve drawn once per run, in two colours, legend = the labels."""
+    base = _run(tmp_path / "shared", [0.5, 0.6], rewards=[0.1, 0.2, 0.3])
+    run = _run(tmp_path / "separate", [0.6, 0.7], rewards=[0.1, 0.4, 0.9])
+    figs = tmp_path / "figs"
+    code = cli_main(
+        ["study", "check", str(run), "--baseline", str(base), "--figures", str(figs)]
+        + ["--labels", "separate <critic>", "shared", "--figure-prefix", "critic-"]
+    )
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    # only the reward curve has data in both runs; the other curves have no points and no file
+    assert set(out["figures"]) == {"reward"}
+    svg = (figs / "critic-reward.svg").read_text()
+    assert svg.count("<polyline") == 2
+    assert 'stroke="#1f77b4"' in svg and 'stroke="#d62728"' in svg
+    assert "separate &lt;critic&gt;" in svg and ">shared<" in svg  # labels escaped
+    with pytest.raises(SystemExit):  # argparse: --labels takes exactly two
+        cli_main(
+            ["study", "check", str(run), "--baseline", str(base), "--figures", str(figs), "--labels", "a"]
+        )
