@@ -140,6 +140,11 @@ class UpdateInputs:
 class OnPolicyAlgorithm(Algorithm):
     """Rollout-based algorithms: the update-loop signature, declared once for both on-policy families."""
 
+    #: Whether ``learn`` takes its gradients from ``loss.backward()`` into ``.grad`` (then a tied
+    #: embedding adds its rows there in place: :func:`engine.models.policy.embedding_rows_into_grad`);
+    #: False for a loop that calls ``torch.autograd.grad`` (TRPO).
+    grads_from_backward: bool = True
+
     def update(
         self,
         policy: Any,
@@ -154,8 +159,11 @@ class OnPolicyAlgorithm(Algorithm):
         scaler: Any | None = None,
     ) -> dict[str, float]:
         """Update ``policy`` on one rollout ``batch`` with ``optimizer``; returns the statistics to log."""
+        from engine.models.policy import embedding_rows_into_grad  # torch: imported when used
+
         inputs = UpdateInputs(advantages, returns, generator, temperature, autocast_dtype, scaler)
-        return self.learn(policy, optimizer, batch, inputs)
+        with embedding_rows_into_grad(self.grads_from_backward):
+            return self.learn(policy, optimizer, batch, inputs)
 
     def learn(self, policy: Any, optimizer: Any, batch: Any, inputs: UpdateInputs) -> dict[str, float]:
         """The algorithm's update loop."""

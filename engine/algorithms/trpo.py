@@ -135,6 +135,8 @@ def _set_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
     "trpo", "Trust Region Policy Optimization (RL4LMs/SB3-contrib TRPO), critic fitted apart."
 )
 class TRPO(ActorCriticAlgorithm):
+    grads_from_backward = False  # the policy's gradient comes from torch.autograd.grad (Fisher products)
+
     def setup(self, policy: Any) -> None:
         if getattr(policy.lm, "is_gradient_checkpointing", False):
             raise ValueError(

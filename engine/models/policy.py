@@ -8,6 +8,7 @@ which doubles memory and compute). A separate critic remains available for compa
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import inspect
 import math
@@ -154,17 +155,85 @@ def lm_forward(
     return logits, hidden
 
 
+_ROWS_INTO_GRAD: contextvars.ContextVar[bool] = contextvars.ContextVar("grue_rows_into_grad", default=False)
+
+
+@contextlib.contextmanager
+def embedding_rows_into_grad(enabled: bool = True) -> Iterator[None]:
+    """Inside (an update loop whose gradients reach the parameters through ``loss.backward()``): a tied
+    input embedding adds its rows straight into the weight's ``.grad`` (:class:`_EmbeddingRowsIntoGrad`).
+    An opt-in because the rows bypass autograd's return values: a loop that takes its gradients from
+    ``torch.autograd.grad`` (TRPO's) must not enter it."""
+    token = _ROWS_INTO_GRAD.set(enabled)
+    try:
+        yield
+    finally:
+        _ROWS_INTO_GRAD.reset(token)
+
+
+class _EmbeddingRowsIntoGrad(torch.autograd.Function):
+    """An embedding lookup whose backward adds the looked-up rows' gradients into ``param.grad`` in
+    place. Why: with a tied head the weight gets two gradients, the head's dense (V, H) product and the
+    lookup's rows. Autograd sums them in its input buffer, and a sparse addend is never summed in place
+    there (sparse tensors count as subclass-like): ``dense + sparse`` allocates and copies a new 113 MB
+    tensor for SmolLM2 on every minibatch (a profile of the PPO update, docs/benchmarks.md). Here the
+    weight enters detached — its only autograd edge is the head's, whose gradient becomes ``.grad``
+    without a copy — and the rows are added into that ``.grad`` (or into a zeroed one that the head's
+    gradient is then added to, whichever comes first: the sum is the same). ``anchor`` is a
+    zero-element leaf that makes autograd call this backward at all."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, ids: torch.Tensor, weight: torch.Tensor, anchor: torch.Tensor, holder: Any
+    ) -> torch.Tensor:
+        param, padding_idx = holder
+        ctx.save_for_backward(ids)
+        ctx.param, ctx.padding_idx = param, padding_idx
+        return nn.functional.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[None, None, None, None]:
+        (ids,) = ctx.saved_tensors
+        param = ctx.param
+        flat = ids.reshape(-1)
+        rows = grad_out.reshape(flat.shape[0], -1).to(param.dtype)
+        if ctx.padding_idx is not None:  # nn.Embedding's padding row gets no gradient
+            keep = flat != ctx.padding_idx
+            flat, rows = flat[keep], rows[keep]
+        with torch.no_grad():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param, memory_format=torch.contiguous_format)
+            param.grad.index_add_(0, flat, rows)
+        return None, None, None, None
+
+
 @contextlib.contextmanager
 def sparse_embedding_grad(lm: Any, tied: bool) -> Iterator[None]:
     """Inside, with ``tied`` (the lazy head's weight is the input embedding's, and grad is on): the
-    input embedding's backward yields a sparse gradient (rows of the tokens seen) instead of a dense
-    (V, H) one. Why: the dense one is a zeroed 113 MB tensor for SmolLM2 (fresh pages on every
-    minibatch) then added into the head's (V, H) gradient; autograd adds the sparse one into the
-    head's dense gradient in place, so the weight's ``.grad`` is the same dense tensor either way. Only
-    for a tied weight: alone, a sparse ``.grad`` would reach optimizers (fused AdamW) that refuse it."""
+    input embedding does not make a dense (V, H) gradient — a zeroed 113 MB tensor for SmolLM2 on every
+    minibatch, then added into the head's. In an update loop that opted in
+    (:func:`embedding_rows_into_grad`) it adds its rows into the weight's ``.grad`` in place
+    (:class:`_EmbeddingRowsIntoGrad`); elsewhere its backward yields a sparse gradient, which autograd
+    adds to the head's dense one (out of place, one copy). Only for a tied weight: alone, a sparse
+    ``.grad`` would reach optimizers (fused AdamW) that refuse it."""
     emb = lm.get_input_embeddings()
     if not (tied and torch.is_grad_enabled() and type(emb) is nn.Embedding and emb.weight.requires_grad):
         yield
+        return
+    plain = type(emb.weight.data) is torch.Tensor and emb.max_norm is None and not emb.scale_grad_by_freq
+    if _ROWS_INTO_GRAD.get() and plain:
+        weight = emb.weight
+        holder = (weight, emb.padding_idx)
+
+        def lookup(ids: torch.Tensor) -> torch.Tensor:
+            anchor = torch.empty(0, device=ids.device, requires_grad=True)
+            return _EmbeddingRowsIntoGrad.apply(ids, weight.detach(), anchor, holder)
+
+        emb.forward = lookup  # an instance attribute shadows nn.Embedding.forward until deleted
+        try:
+            yield
+        finally:
+            del emb.forward
         return
     before = emb.sparse
     emb.sparse = True

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine.models.head import HeadLogits, head_token_logits, plain_head_weight
-from engine.models.policy import EosBan, lm_forward, token_logprobs
+from engine.models.policy import EosBan, embedding_rows_into_grad, lm_forward, token_logprobs
 from engine.rollout import tokenize_prompts
 
 
@@ -145,11 +145,13 @@ def test_fused_backward_runs_once():
         lse.sum().backward()
 
 
+@pytest.mark.parametrize("rows_into_grad", [False, True])
 @pytest.mark.parametrize("share", [False, True])
-def test_lazy_head_forward_equals_the_plain_forward(make_policy, share):
+def test_lazy_head_forward_equals_the_plain_forward(make_policy, share, rows_into_grad):
     """A real (tiny GPT-2, tied embeddings) model through ``lm_forward``: the lazy head's log-probs and
     every parameter's gradient equal the logits path's, with and without shared prompts (the chosen and
-    EOS logits' gradients scattered into the head's, the tied embedding's backward sparse)."""
+    EOS logits' gradients scattered into the head's), the tied embedding's rows added by autograd
+    (sparse) or, in an update loop (``embedding_rows_into_grad``), straight into ``.grad``."""
     policy, tok = make_policy("causal")
     policy.eval()
     assert plain_head_weight(policy.lm) is policy.lm.get_output_embeddings().weight
@@ -161,17 +163,18 @@ def test_lazy_head_forward_equals_the_plain_forward(make_policy, share):
     results = []
     for lazy in (False, True):
         policy.zero_grad(set_to_none=True)
-        logits, hidden = lm_forward(
-            policy.lm, False, pi, pm, gen, gm, None, want_hidden=True, share_prompts=share, lazy_head=lazy
-        )
-        assert isinstance(logits, HeadLogits) == lazy
-        sampled, full, entropy = token_logprobs(logits, gen, 0.9, EosBan(tok.eos_token_id, 3))
-        ((sampled * gm).sum() + 0.5 * (full * gm).sum() + hidden.pow(2).mean()).backward()
+        with embedding_rows_into_grad(rows_into_grad):
+            logits, hidden = lm_forward(
+                policy.lm, False, pi, pm, gen, gm, None, want_hidden=True, share_prompts=share, lazy_head=lazy
+            )
+            assert isinstance(logits, HeadLogits) == lazy
+            sampled, full, entropy = token_logprobs(logits, gen, 0.9, EosBan(tok.eos_token_id, 3))
+            ((sampled * gm).sum() + 0.5 * (full * gm).sum() + hidden.pow(2).mean()).backward()
         # the tied weight's gradient stays one dense tensor although the lazy path's embedding
         # backward is sparse (sparse_embedding_grad), and the embedding is left as it was
         emb = policy.lm.get_input_embeddings()
         assert emb.weight.grad is not None and emb.weight.grad.layout == torch.strided
-        assert emb.sparse is False
+        assert emb.sparse is False and "forward" not in vars(emb)
         grads = {n: p.grad.clone() for n, p in policy.lm.named_parameters() if p.grad is not None}
         results.append((sampled.detach(), full.detach(), entropy, hidden.detach(), grads))
     (s0, f0, e0, h0, g0), (s1, f1, e1, h1, g1) = results
@@ -182,6 +185,66 @@ def test_lazy_head_forward_equals_the_plain_forward(make_policy, share):
         # summation order differs (the head's gradient is one product, not softmax minus one-hot):
         # float rounding of ~2e-5 on gradients of magnitude ~10
         assert torch.allclose(g, g1[name], atol=1e-4, rtol=1e-4), name
+
+
+def _tied_loss(policy, pi, pm, gen, gm):
+    logits, _ = lm_forward(policy.lm, False, pi, pm, gen, gm, None, want_hidden=False, lazy_head=True)
+    sampled, _, _ = token_logprobs(logits, gen, 1.0, None)
+    return (sampled * gm).sum()
+
+
+def _graph_names(t):
+    seen, todo, names = set(), [t.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        todo.extend(n for n, _ in node.next_functions)
+    return names
+
+
+def test_embedding_rows_into_grad_accumulates_and_skips_padding(make_policy):
+    """The update loop's path: two backwards before a step sum into one dense ``.grad`` as autograd's
+    own path does; the padding row gets nothing; outside the opt-in, ``torch.autograd.grad`` (TRPO)
+    still returns the embedding's rows in the weight's gradient."""
+    policy, tok = make_policy("causal")
+    policy.eval()
+    emb = policy.lm.get_input_embeddings()
+    pi, pm = tokenize_prompts(
+        tok, ["The movie was", "A much longer prompt than that"], 16, torch.device("cpu"), "left"
+    )
+    gen = torch.randint(0, tok.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1))
+    gm = torch.ones(2, 5)
+    grads = []
+    for rows_into_grad in (False, True):
+        policy.zero_grad(set_to_none=True)
+        with embedding_rows_into_grad(rows_into_grad):
+            for _ in range(2):
+                loss = _tied_loss(policy, pi, pm, gen, gm)
+                # the path taken: the rows-into-grad lookup in the update loop only
+                assert ("_EmbeddingRowsIntoGradBackward" in _graph_names(loss)) == rows_into_grad
+                loss.backward()
+        assert emb.weight.grad.layout == torch.strided
+        grads.append(emb.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-5)
+    # the rows are there: without the head's share the gradient differs where the prompts' tokens are
+    policy.zero_grad(set_to_none=True)
+    (w,) = torch.autograd.grad(_tied_loss(policy, pi, pm, gen, gm), [emb.weight])
+    assert torch.allclose(2 * w, grads[0], atol=1e-5, rtol=1e-5)
+    # a padding row gets no gradient from the lookup (nn.Embedding's rule), on both paths
+    emb.padding_idx = int(pi[0, 0])
+    try:
+        per_path = []
+        for rows_into_grad in (False, True):
+            policy.zero_grad(set_to_none=True)
+            with embedding_rows_into_grad(rows_into_grad):
+                _tied_loss(policy, pi, pm, gen, gm).backward()
+            per_path.append(emb.weight.grad.clone())
+        assert torch.allclose(per_path[0], per_path[1], atol=1e-5, rtol=1e-5)
+    finally:
+        emb.padding_idx = None
 
 
 def test_models_without_a_plain_head_keep_the_logits_path(make_policy):
