@@ -139,7 +139,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         if not args.dir or not args.baseline:
             raise CLIError(
                 "usage: python -m engine study check RUN_DIR --baseline BASELINE_RUN_DIR "
-                "[--figures DIR [--labels RUN_LABEL BASELINE_LABEL]]"
+                "[--figures DIR [--labels RUN_LABEL BASELINE_LABEL] [--figure-prefix PREFIX]]"
             )
         result = learning_check(args.dir, args.baseline)
         if args.figures:

@@ -125,7 +125,7 @@ def lm_forward(
     tied = need_logits and head_weight is not None and head_weight is lm.get_input_embeddings().weight
     rows = shared_prompt_rows(prompt_ids, prompt_mask) if share_prompts else None
     if rows is not None:
-        with sparse_embedding_grad(lm, tied):
+        with tied_embedding_grad(lm, tied):
             return shared_prompt_forward(
                 lm, prompt_ids, prompt_mask, gen_ids, gen_mask, rows, want_hidden, head_weight, compute_dtype
             )
@@ -134,7 +134,7 @@ def lm_forward(
     mask = torch.cat([prompt_mask, gen_mask.to(prompt_mask.dtype)], dim=1)
     pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
     if head_weight is not None:
-        with sparse_embedding_grad(lm, tied):
+        with tied_embedding_grad(lm, tied):
             out = lm.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
         hidden = out.last_hidden_state[:, p_len - 1 : p_len + t_len - 1]
         return HeadLogits(hidden, head_weight, compute_dtype), (hidden if want_hidden else None)
@@ -208,7 +208,7 @@ class _EmbeddingRowsIntoGrad(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def sparse_embedding_grad(lm: Any, tied: bool) -> Iterator[None]:
+def tied_embedding_grad(lm: Any, tied: bool) -> Iterator[None]:
     """Inside, with ``tied`` (the lazy head's weight is the input embedding's, and grad is on): the
     input embedding does not make a dense (V, H) gradient — a zeroed 113 MB tensor for SmolLM2 on every
     minibatch, then added into the head's. In an update loop that opted in

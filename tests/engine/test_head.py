@@ -170,8 +170,8 @@ def test_lazy_head_forward_equals_the_plain_forward(make_policy, share, rows_int
             assert isinstance(logits, HeadLogits) == lazy
             sampled, full, entropy = token_logprobs(logits, gen, 0.9, EosBan(tok.eos_token_id, 3))
             ((sampled * gm).sum() + 0.5 * (full * gm).sum() + hidden.pow(2).mean()).backward()
-        # the tied weight's gradient stays one dense tensor although the lazy path's embedding
-        # backward is sparse (sparse_embedding_grad), and the embedding is left as it was
+        # the tied weight's gradient stays one dense tensor on both of the lazy path's embedding
+        # backwards (tied_embedding_grad: sparse, or rows into .grad), and the embedding is left as it was
         emb = policy.lm.get_input_embeddings()
         assert emb.weight.grad is not None and emb.weight.grad.layout == torch.strided
         assert emb.sparse is False and "forward" not in vars(emb)
@@ -229,7 +229,7 @@ def test_embedding_rows_into_grad_accumulates_and_skips_padding(make_policy):
         assert emb.weight.grad.layout == torch.strided
         grads.append(emb.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-5)
-    # the rows are there: without the head's share the gradient differs where the prompts' tokens are
+    # outside the opt-in, autograd.grad returns the whole gradient, rows included (two backwards = 2x)
     policy.zero_grad(set_to_none=True)
     (w,) = torch.autograd.grad(_tied_loss(policy, pi, pm, gen, gm), [emb.weight])
     assert torch.allclose(2 * w, grads[0], atol=1e-5, rtol=1e-5)
