@@ -444,3 +444,44 @@ def test_small_budget_configs_are_valid_and_share_the_evaluation():
         and cfgs["supervised_nlpo"]["supervised"]["enabled"]
     )
     assert all(c["train"]["seed"] == 1 for c in cfgs.values())
+
+
+def test_the_grid_budget_is_the_critic_checks_and_the_shared_head_differs_only_in_its_critic():
+    """The switch of 2026-12-03 (docs/reproduction.md, "Critic check"): the critic check's PPO seed 0 counts
+    as the grid's only because ``small_separate_critic`` trains exactly as ``small``; the shared-head record
+    must differ from the grid in the critic alone, or its comparison with the grid measures something else."""
+    study = STUDIES["grue-imdb"]
+    for cell in CELLS:
+        grid = cell_config(study, cell, 0, BUDGETS["small"])
+        check = cell_config(study, cell, 0, BUDGETS["small_separate_critic"])
+        shared = cell_config(study, cell, 0, BUDGETS["small_shared_head"])
+        assert grid == check, cell
+        assert grid["model"]["value_head"] == "separate" and shared["model"]["value_head"] == "shared", cell
+        shared["model"]["value_head"] = "separate"
+        assert shared == grid, cell
+
+
+def test_the_committed_study_folders_record_the_budgets_the_code_has():
+    """``engine study`` refuses a folder whose recorded budget differs from the code's; the committed folders
+    a later sitting continues must therefore match ``BUDGETS`` exactly, and their runs' cells be the study's."""
+    root = Path(__file__).resolve().parents[2] / "studies"
+    folders = {
+        "grue-imdb": "small",
+        "grue-imdb-tries/shared-head": "small_shared_head",
+    }
+    for folder, name in folders.items():
+        meta = json.loads((root / folder / "study.json").read_text())
+        assert meta["budget"] == BUDGETS[name].to_dict(), folder
+        runs = sorted(p for p in (root / folder / "runs").iterdir())
+        assert runs and all(r.name.rsplit("-seed", 1)[0] in CELLS for r in runs), (folder, runs)
+        critic = BUDGETS[name].extra["model"].get("value_head", "shared")  # the config default
+        for run in runs:
+            if run.name.startswith(("zero_shot-", "supervised-")):
+                continue  # they train no critic
+            cfg = json.loads((run / "config.json").read_text())
+            assert cfg["model"]["value_head"] == critic, (folder, run.name)
+    # Zero-shot and Supervised train no critic: the shared-head record's copies are the grid's runs.
+    for base in ("zero_shot-seed0", "supervised-seed2"):
+        grid = root / "grue-imdb" / "runs" / base / "result.json"
+        copy = root / "grue-imdb-tries" / "shared-head" / "runs" / base / "result.json"
+        assert grid.read_text() == copy.read_text(), base
