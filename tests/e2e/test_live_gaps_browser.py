@@ -94,6 +94,8 @@ def test_the_run_page_shows_every_point_after_two_redis_kills(
         # to fail. It is cancelled once both kills are done.
         cfg = tiny_run_config(5000, "redis-kills", save_every=0)
         run_id = client.create_run(cfg, launch=True)["id"]
+        states: list[str] = []  # what the page said, for a failure's message
+        page.on("console", lambda msg: states.append(f"console: {msg.text}"))
         login(page, server.url, researcher, next_url=f"/runs/{run_id}/")
 
         def page_points() -> int:
@@ -126,7 +128,13 @@ def test_the_run_page_shows_every_point_after_two_redis_kills(
             # A page opened now (or reconnecting now) catches up inside the recorder's pause: what is
             # stored until the pause ends reaches it only if the gap is detected and read.
             page.reload()
-            wait_for_condition(live, timeout=120, what=f"the page live again after kill {kill + 1}")
+            try:
+                wait_for_condition(live, timeout=120, what=f"the page live again after kill {kill + 1}")
+            except AssertionError as exc:
+                shown = page.evaluate("document.getElementById('ws-state').textContent")
+                raise AssertionError(
+                    f"{exc}; the page shows {shown!r}; console: {states[-20:]}; server log: {server.log()[-4000:]}"
+                ) from None
             at = stored()
             wait_for_condition(
                 lambda at=at: stored() > at + 20, timeout=120, what="flushes after the restart"
@@ -143,5 +151,8 @@ def test_the_run_page_shows_every_point_after_two_redis_kills(
         # Live with every stored point: never "live" while points are missing.
         wait_for_condition(lambda: live() and page_points() >= total, timeout=60, what="the page complete")
         assert page_points() == total
+        # The refusals while Redis was down closed cleanly with 4503 (1011 from an application made
+        # daphne raise "invalid close code" instead).
+        assert "live updates of run" in server.log() and "invalid close code" not in server.log()
     finally:
         server.stop()

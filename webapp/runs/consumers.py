@@ -9,7 +9,7 @@ Refusals are sent after accepting the handshake (accept-then-close), because a b
 close code of an accepted websocket: 4403 (not allowed, or the session ended / the role was removed:
 re-checked every ``RECHECK_SECONDS`` and before live data after that), 4404 (no such run), 4409 (a
 second ``subscribe``: one full catch-up per connection). A channel layer that does not answer within
-``LAYER_TIMEOUT`` gets the client an error message and close code 1011, and the page retries.
+``LAYER_TIMEOUT`` gets the client an error message and close code 4503, and the page retries.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
 from django.utils.crypto import constant_time_compare
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from webapp.access import is_researcher
 from webapp.runs import lifecycle, protocol, queries
@@ -62,17 +63,32 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=protocol.CLOSE_NOT_FOUND)
             return
         try:
-            await asyncio.wait_for(
-                self.channel_layer.group_add(group_name(self.run_id), self.channel_name), LAYER_TIMEOUT
-            )
+            await asyncio.wait_for(self._join_group(), LAYER_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - Redis down or hung: say so; the page retries
             log.warning("live updates of run %s unavailable: %s: %s", self.run_id, type(exc).__name__, exc)
             await self.send_json(protocol.error_message("live updates unavailable"))
-            await self.close(code=1011)
+            await self.close(code=protocol.CLOSE_UNAVAILABLE)
             return
         self.group = group_name(self.run_id)
         self._checked_at = time.monotonic()
         self._recheck_task = asyncio.ensure_future(self._recheck_loop())
+
+    async def _join_group(self) -> None:
+        """group_add, tried again on a connection error until ``LAYER_TIMEOUT`` (the caller's) runs out.
+
+        Why: right after a Redis restart the first commands on the channel layer's connections fail with
+        "Connection closed by server" and a moment later succeed; without a retry here every page open at
+        the restart paid one failed websocket and a backoff before it was live again (its retries double
+        up to 30 s). Joining a group is idempotent, so trying again is safe."""
+        delay = 0.05
+        while True:
+            try:
+                await self.channel_layer.group_add(group_name(self.run_id), self.channel_name)
+                return
+            except (OSError, RedisConnectionError) as exc:
+                log.info("joining the live group of run %s: %s; trying again", self.run_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
     async def disconnect(self, code: int) -> None:
         if self._recheck_task is not None:

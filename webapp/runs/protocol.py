@@ -29,6 +29,9 @@ Server → client:
   {"type": "error", "error"}
 Close codes: 4403 not allowed (not logged in, not a researcher, or the session ended), 4404 no such
 run, 4409 a second subscribe on one connection. The browser stops reconnecting on these and says why.
+4503: live updates are unavailable for now (the channel layer's Redis is down or hung); the browser retries
+with backoff. (An application may not send 1011 itself: daphne's websocket library accepts only 1000 and
+3000–4999 from the server side, and the close then failed with an exception.)
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_RESUBSCRIBE = 4409
+CLOSE_UNAVAILABLE = 4503
 
 CURSOR_NAMES = ("metric_cursor", "sample_cursor", "log_cursor")
 
