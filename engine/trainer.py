@@ -1075,7 +1075,13 @@ def train(
         events = MultiSink(*exports, events)
     try:
         trainer = Trainer(cfg, events, run_dir, run_sink, should_stop=should_stop, resume_from=resume_from)
-        return trainer.run()
+        result = trainer.run()
+        # The ranks leave together: a rank that destroys the process group while its peer still finishes
+        # (rank 0 writes the final model and events) can leave gloo work threads holding tensors at
+        # interpreter exit, which aborted a process under load ("terminate called without an active
+        # exception"). A no-op for one process.
+        distributed.barrier()
+        return result
     except torch.OutOfMemoryError as exc:
         msg = _oom_hint(cfg)
         events.failed(msg, tb.format_exc())
