@@ -8,8 +8,8 @@ the cursor are dropped (``protocol.after_cursors``).
 Refusals are sent after accepting the handshake (accept-then-close), because a browser only sees the
 close code of an accepted websocket: 4403 (not allowed, or the session ended / the role was removed:
 re-checked every ``RECHECK_SECONDS`` and before live data after that), 4404 (no such run), 4409 (a
-second ``subscribe``: one full catch-up per connection). A channel layer that does not answer within
-``LAYER_TIMEOUT`` gets the client an error message and close code 4503, and the page retries.
+second ``subscribe``: one full catch-up per connection). A channel layer that is down or does not answer
+within ``LAYER_TIMEOUT`` gets the client an error message and close code 4503, and the page retries.
 """
 
 from __future__ import annotations
@@ -62,10 +62,15 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if allowed is False:
             await self.close(code=protocol.CLOSE_NOT_FOUND)
             return
+        self._join_error: BaseException | None = None
         try:
             await asyncio.wait_for(self._join_group(), LAYER_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - Redis down or hung: say so; the page retries
-            log.warning("live updates of run %s unavailable: %s: %s", self.run_id, type(exc).__name__, exc)
+            # A timeout that cut the retries short names the connection error they kept getting.
+            cause = self._join_error if isinstance(exc, TimeoutError) and self._join_error else exc
+            log.warning(
+                "live updates of run %s unavailable: %s: %s", self.run_id, type(cause).__name__, cause
+            )
             await self.send_json(protocol.error_message("live updates unavailable"))
             await self.close(code=protocol.CLOSE_UNAVAILABLE)
             return
@@ -86,6 +91,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 await self.channel_layer.group_add(group_name(self.run_id), self.channel_name)
                 return
             except (OSError, RedisConnectionError) as exc:
+                self._join_error = exc
                 log.info("joining the live group of run %s: %s; trying again", self.run_id, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
