@@ -278,7 +278,7 @@ def schema_markdown() -> str:
         text = (
             str(ann) if typing.get_origin(ann) is not None else (getattr(ann, "__name__", None) or str(ann))
         )
-        return text.replace("typing.", "").replace("|", "\\|")
+        return text.replace("typing.", "").replace("engine.config.", "").replace("|", "\\|")
 
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():

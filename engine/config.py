@@ -579,6 +579,12 @@ class TrainConfig(Strict):
     prompts_per_iter: int = Field(16, ge=1, description="Episodes collected per iteration.")
     seed: int = Field(0, description="Seed of torch, numpy and Python's random.")
     eval_every: int = Field(5, ge=0, description="Evaluate every N iterations (0 = only at the end).")
+    eval_at_start: bool = Field(
+        False,
+        description="Also evaluate the starting policy (after a supervised warm start) at step 0, before "
+        "the first RL iteration, as RL4LMs's trainer does: the first point of every eval curve, e.g. "
+        "the gold at KL 0 of the over-optimisation watch. Not repeated when a run resumes.",
+    )
     save_every: int = Field(5, ge=0, description="Checkpoint every N iterations (0 = only at the end).")
     log_samples: int = Field(8, ge=0, description="Generations per iteration sent to the sink.")
     output_dir: str | None = Field(None, description="Run directory; default runs/<name>-<timestamp>.")

@@ -113,7 +113,8 @@ def align(
     kl: Mapping[int, float] | None = None,
 ) -> list[Point]:
     """One point per step with a finite gold value, with the proxy at that step and √KL at the latest
-    logged KL step at or before it (None where there is none)."""
+    logged KL step at or before it (None where there is none). Step 0 (``train.eval_at_start``: the
+    starting policy, before any update) is at KL 0 by definition: the reference is that policy."""
     proxy, kl = proxy or {}, kl or {}
     kl_steps = sorted(s for s, v in kl.items() if _finite(v))
     out, j, last_kl = [], 0, None
@@ -127,7 +128,9 @@ def align(
                 step=int(step),
                 proxy=float(p) if _finite(p) else None,
                 gold=float(gold[step]),
-                sqrt_kl=math.sqrt(max(float(last_kl), 0.0)) if last_kl is not None else None,
+                sqrt_kl=math.sqrt(max(float(last_kl), 0.0))
+                if last_kl is not None
+                else (0.0 if step <= 0 else None),
             )
         )
     return out

@@ -937,6 +937,10 @@ class Trainer:
                 if distributed.current().rank > 0:
                     _seed_all(_mix(cfg.train.seed, distributed.current().rank, self.iteration, 7))
             total = cfg.train.n_iters
+            resumed_rl = resume_state is not None and resume_state["phase"] == "rl"
+            if cfg.train.eval_at_start and self.iteration == 0 and not resumed_rl:
+                # RL4LMs evaluates before its first iteration; a run resumed in RL has that point already.
+                self._eval(0)
             t_start = time.perf_counter()
             start_it = self.iteration
             self.events.progress(self.iteration, total, None, "rl")

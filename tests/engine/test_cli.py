@@ -120,6 +120,18 @@ def test_schema_presets_and_components(capsys):
     assert "ppo" in out and "nlpo" in out and "sft" in out and "adaptive" in out
 
 
+def test_the_config_reference_in_docs_is_the_generated_one(capsys):
+    # docs/engine.md's field table is what `python -m engine schema --markdown` prints: a field added
+    # to the pydantic models without regenerating the table fails here, naming the missing rows.
+    assert main(["schema", "--markdown"]) == 0
+    table = capsys.readouterr().out.strip().splitlines()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "engine.md").read_text().splitlines()
+    missing = [row for row in table if row not in doc]
+    assert not missing, "docs/engine.md lacks (run python -m engine schema --markdown):\n" + "\n".join(
+        missing
+    )
+
+
 def test_python_dash_m_entry_point():
     res = subprocess.run(
         [sys.executable, "-m", "engine", "--help"], capture_output=True, text=True, timeout=120

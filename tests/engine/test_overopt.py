@@ -56,11 +56,13 @@ def test_sqrt_kl_is_taken_at_the_latest_training_step_at_or_before_each_evaluati
     kl = {1: 0.0, 5: 4.0, 9: 9.0, 10: 16.0, 11: float("nan")}
     pts = align({0: 1.0, 5: 2.0, 8: 3.0, 10: 4.0, 12: float("nan")}, {5: 0.5}, kl)
     assert [(p.step, p.sqrt_kl, p.proxy) for p in pts] == [
-        (0, None, None),
+        (0, 0.0, None),  # step 0 is the starting policy (train.eval_at_start): KL 0 by definition
         (5, 2.0, 0.5),
         (8, 2.0, None),
         (10, 4.0, None),  # the NaN gold at 12 is no point; the NaN KL at 11 is skipped
     ]
+    # a later evaluation with no training step logged before it has no √KL (not a made-up 0)
+    assert [p.sqrt_kl for p in align({0: 1.0, 3: 2.0}, {}, {5: 1.0})] == [0.0, None]
 
 
 def test_best_checkpoint_is_the_saved_one_with_the_best_gold():

@@ -30,16 +30,22 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "variant,stop_at",
+    "variant,stop_at,eval_at_start",
     [
-        ("ppo", ("rl", 2)),
-        ("supervised_nlpo", ("sft", 2)),
-        ("supervised_nlpo", ("rl", 1)),
+        ("ppo", ("rl", 2), False),
+        ("supervised_nlpo", ("sft", 2), False),
+        ("supervised_nlpo", ("rl", 1), False),
+        # the step-0 evaluation: once in the uninterrupted run, once in the split one (a run resumed in
+        # RL does not repeat it; a run resumed in its supervised phase has not had it yet)
+        ("ppo", ("rl", 2), True),
+        ("supervised_nlpo", ("sft", 2), True),
     ],
 )
-def test_stop_and_resume_reproduce_the_uninterrupted_run(small_config, tmp_path, variant, stop_at):
+def test_stop_and_resume_reproduce_the_uninterrupted_run(
+    small_config, tmp_path, variant, stop_at, eval_at_start
+):
     over = {
-        "train": {"n_iters": 4, "save_every": 2, "eval_every": 2},
+        "train": {"n_iters": 4, "save_every": 2, "eval_every": 2, "eval_at_start": eval_at_start},
         "kl": {"controller": "adaptive", "init_coef": 0.2, "target": 0.05, "horizon": 50},
     }
     if variant == "supervised_nlpo":
@@ -68,6 +74,11 @@ def test_stop_and_resume_reproduce_the_uninterrupted_run(small_config, tmp_path,
     resumed = engine.train(cfg, resume_from=str(split_dir))
     assert not resumed["stopped"] and resumed["iterations"] == full["iterations"]
     assert _metrics(split_dir) == _metrics(full_dir)
+    eval_steps = [r["step"] for r in _metrics(full_dir) if "eval/reward_mean" in r]
+    expected = list(range(0 if eval_at_start else 2, over["train"]["n_iters"] + 1, 2))
+    if over["train"]["n_iters"] % 2:
+        expected.append(over["train"]["n_iters"])  # the final evaluation off the eval_every grid
+    assert eval_steps == expected
     # The resumed run's final evaluation file matches the uninterrupted run's (model paths and the
     # wall-clock timings aside).
     docs = [json.loads((d / "eval_results.json").read_text()) for d in (full_dir, split_dir)]
