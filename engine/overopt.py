@@ -15,8 +15,8 @@ Series (all from ``metrics.jsonl`` or the web app's stored points):
 - gold: ``eval/gold`` by default, or the evaluation key given;
 - KL: ``train/kl_episode``, the mean per-episode KL of the sampled policy from the reference model
   (the initial policy, or the supervised warm start when there is one) at the rollout of that step;
-  the x-axis is its square root, as in Gao et al. An evaluation at step s takes the KL logged at the
-  latest training step <= s.
+  the x-axis is its square root, as in Gao et al. An evaluation at step s takes the KL logged at step
+  s + 1 (that rollout was sampled by the policy the evaluation scored), else the latest at or before s.
 
 The warning: gold fell at each of ``n`` consecutive evaluations (strictly) while the proxy rose over
 the same evaluations (its last value above its first). Pure Python, no torch: the web process uses it.
@@ -41,7 +41,9 @@ __all__ = [
     "align",
     "falling_episodes",
     "watch",
+    "sample_errors",
     "watch_run_dir",
+    "write_svgs",
 ]
 
 PROXY_KEYS = ("eval/reward_mean", "train/reward_mean")
@@ -112,9 +114,15 @@ def align(
     proxy: Mapping[int, float] | None = None,
     kl: Mapping[int, float] | None = None,
 ) -> list[Point]:
-    """One point per step with a finite gold value, with the proxy at that step and √KL at the latest
-    logged KL step at or before it (None where there is none). Step 0 (``train.eval_at_start``: the
-    starting policy, before any update) is at KL 0 by definition: the reference is that policy."""
+    """One point per step with a finite gold value, with the proxy at that step and √KL of the policy
+    that evaluation scored.
+
+    ``train/kl_episode`` at step s is measured on iteration s's rollout, sampled *before* that
+    iteration's update, i.e. by the policy after s − 1 updates. An evaluation at step s scores the
+    policy after s updates, whose KL is logged at step s + 1: that one is taken when it exists, else
+    the latest logged at or before s (the run's last evaluation, or sparse logs; None where there is
+    none). Step 0 (``train.eval_at_start``: the starting policy) is at KL 0 by definition when nothing
+    was logged for it: the reference *is* that policy."""
     proxy, kl = proxy or {}, kl or {}
     kl_steps = sorted(s for s, v in kl.items() if _finite(v))
     out, j, last_kl = [], 0, None
@@ -122,14 +130,16 @@ def align(
         while j < len(kl_steps) and kl_steps[j] <= step:
             last_kl = kl[kl_steps[j]]
             j += 1
+        at = kl.get(step + 1)
+        value = float(at) if _finite(at) else last_kl
         p = proxy.get(step)
         out.append(
             Point(
                 step=int(step),
                 proxy=float(p) if _finite(p) else None,
                 gold=float(gold[step]),
-                sqrt_kl=math.sqrt(max(float(last_kl), 0.0))
-                if last_kl is not None
+                sqrt_kl=math.sqrt(max(float(value), 0.0))
+                if value is not None
                 else (0.0 if step <= 0 else None),
             )
         )
@@ -206,15 +216,98 @@ def watch_run_dir(
     return watch(series[gold_key], proxy, series[KL_KEY], ckpts, falls), proxy_key
 
 
+def sample_errors(run_dir: str | Path, key: str) -> dict[int, tuple[int, float]]:
+    """``{step: (n, standard error)}`` of an evaluation key from the per-sample scores in samples.jsonl.
+
+    Why from the samples: metrics.jsonl holds each evaluation's mean only. Periodic evaluations store
+    ``train.log_samples`` of their generations with every metric's per-sample value (the final one
+    stores all), so a run that keeps as many as it has evaluation prompts gives each point its
+    sample standard deviation / √n. Steps with fewer than two scored samples are left out."""
+    run_dir = Path(run_dir)
+    name = key.removeprefix("eval/")
+    try:
+        import json
+
+        split = json.loads((run_dir / "config.json").read_text())["eval"]["split"]
+    except (OSError, ValueError, KeyError, TypeError):
+        split = "validation"
+    by_step: dict[int, list[float]] = {}
+    path = run_dir / "samples.jsonl"
+    for r in read_jsonl(path, skip_invalid=True) if path.exists() else []:
+        v = (r.get("metrics") or {}).get(name)
+        if r.get("split") == split and _finite(v):
+            by_step.setdefault(int(r["step"]), []).append(float(v))
+    out = {}
+    for step, vals in by_step.items():
+        n = len(vals)
+        if n >= 2:
+            mean = sum(vals) / n
+            sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+            out[step] = (n, sd / math.sqrt(n))
+    return out
+
+
+def write_svgs(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    gold_key: str = GOLD_KEY,
+    also: Iterable[str] = (),
+    labels: Mapping[str, str] | None = None,
+) -> list[Path]:
+    """Two standalone SVG charts of a run's watch, for documents: proxy, gold and the ``also`` keys
+    (evaluation keys on the same scale) against the training step and against √KL, each point with
+    ± one standard error where :func:`sample_errors` has one. Returns the files written."""
+    from engine.study.charts import svg_chart  # only here: the web process never draws these
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    w, proxy_key = watch_run_dir(run_dir, gold_key)
+    rows = read_jsonl(run_dir / "metrics.jsonl", skip_invalid=True)
+    labels = dict(labels or {})
+    keys = [proxy_key, gold_key, *[k for k in also if k not in (proxy_key, gold_key)]]
+    kl_at = {p.step: p.sqrt_kl for p in w.points}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for x_name, x_label in (("step", "training step"), ("kl", "√KL from the initial policy (nats)")):
+        cells: dict[str, Any] = {}
+        for key in keys:
+            series = series_from_rows(rows, key)
+            errors = sample_errors(run_dir, key)
+            steps = [s for s in sorted(series) if s in kl_at and (x_name == "step" or kl_at[s] is not None)]
+            if not steps:
+                continue
+            xs = [s if x_name == "step" else kl_at[s] for s in steps]
+            role = "proxy" if key == proxy_key else "gold" if key == gold_key else ""
+            name = labels.get(key) or (f"{role}: {key}" if role else key)
+            cells[name] = {
+                "steps": xs,
+                "mean": [series[s] for s in steps],
+                "std": [errors[s][1] if s in errors else 0.0 for s in steps],
+            }
+        title = f"{run_dir.name}: proxy and gold by {'step' if x_name == 'step' else '√KL'} (± 1 SE)"
+        path = out_dir / f"overopt-{x_name}.svg"
+        path.write_text(
+            svg_chart(title, {"cells": cells}, width=760, x_label=x_label, integer_x=x_name == "step")
+        )
+        written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m engine.overopt RUN_DIR [GOLD_KEY] [FALLS]``: the table and the warning, as text."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        print("usage: python -m engine.overopt RUN_DIR [GOLD_KEY] [FALLS]", file=sys.stderr)
-        return 2
-    w, proxy_key = watch_run_dir(
-        args[0], args[1] if len(args) > 1 else GOLD_KEY, int(args[2]) if len(args) > 2 else DEFAULT_FALLS
-    )
+    """``python -m engine.overopt RUN_DIR [GOLD_KEY] [FALLS] [--svg DIR] [--also KEY ...]``: the table
+    and the warning, as text; with ``--svg`` also the two charts (:func:`write_svgs`)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m engine.overopt", description=main.__doc__)
+    ap.add_argument("run_dir")
+    ap.add_argument("gold_key", nargs="?", default=GOLD_KEY)
+    ap.add_argument("falls", nargs="?", type=int, default=DEFAULT_FALLS)
+    ap.add_argument("--svg", metavar="DIR", help="also write overopt-step.svg and overopt-kl.svg here")
+    ap.add_argument("--also", nargs="*", default=[], metavar="KEY", help="more evaluation keys to draw")
+    try:
+        args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    w, proxy_key = watch_run_dir(args.run_dir, args.gold_key, args.falls)
     print(f"{'step':>6} {'sqrt_kl':>8} {proxy_key:>18} {'gold':>10}")
     for p in w.points:
         kl = f"{p.sqrt_kl:.3f}" if p.sqrt_kl is not None else "-"
@@ -225,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
             f"best by gold: step {w.best.step} (gold {w.best.gold:.4f}); best checkpoint: {w.best_checkpoint}"
         )
     print(w.warning or "no warning")
+    if args.svg:
+        for path in write_svgs(args.run_dir, args.svg, args.gold_key, args.also):
+            print(f"wrote {path}")
     return 0
 
 

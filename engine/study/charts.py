@@ -35,7 +35,14 @@ def _ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[floa
     return [round(i * step, 12) for i in range(first, last + 1)]
 
 
-def svg_chart(title: str, data: dict[str, Any], width: int = 640, height: int = 360) -> str:
+def svg_chart(
+    title: str,
+    data: dict[str, Any],
+    width: int = 640,
+    height: int = 360,
+    x_label: str = "iteration",
+    integer_x: bool = True,
+) -> str:
     """A line chart of seed means with mean ± std bands, one colour per cell, as a standalone SVG.
 
     Why hand-written: neither kaleido nor matplotlib is installed here, and an SVG plotly writes
@@ -77,10 +84,10 @@ def svg_chart(title: str, data: dict[str, Any], width: int = 640, height: int = 
     for t in yt:
         parts.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>')
         parts.append(f'<text x="{ml - 5}" y="{py(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
-    for t in _ticks(x0, x1, integer=True):
+    for t in _ticks(x0, x1, integer=integer_x):
         if x0 <= t <= x1:
             parts.append(f'<text x="{px(t):.1f}" y="{mt + ph + 15}" text-anchor="middle">{t:g}</text>')
-    parts.append(f'<text x="{ml + pw / 2}" y="{height - 8}" text-anchor="middle">iteration</text>')
+    parts.append(f'<text x="{ml + pw / 2}" y="{height - 8}" text-anchor="middle">{esc(x_label)}</text>')
     for i, (cell, c) in enumerate(cells.items()):
         colour = _PALETTE.get(cell, _FALLBACK[i % len(_FALLBACK)])
         pts = [(s, m, sd) for s, m, sd in zip(c["steps"], c["mean"], c["std"]) if m is not None]

@@ -52,16 +52,20 @@ def test_exactly_n_falls_warns_and_earlier_stretches_are_counted():
         falling_episodes([], 0)
 
 
-def test_sqrt_kl_is_taken_at_the_latest_training_step_at_or_before_each_evaluation():
+def test_sqrt_kl_is_that_of_the_policy_each_evaluation_scored():
+    # train/kl_episode at step s comes from rollout s, sampled before update s: the policy an
+    # evaluation at step s scored (after s updates) is measured at step s + 1 when that was logged,
+    # else the latest KL at or before s stands in.
     kl = {1: 0.0, 5: 4.0, 9: 9.0, 10: 16.0, 11: float("nan")}
     pts = align({0: 1.0, 5: 2.0, 8: 3.0, 10: 4.0, 12: float("nan")}, {5: 0.5}, kl)
     assert [(p.step, p.sqrt_kl, p.proxy) for p in pts] == [
-        (0, 0.0, None),  # step 0 is the starting policy (train.eval_at_start): KL 0 by definition
-        (5, 2.0, 0.5),
-        (8, 2.0, None),
-        (10, 4.0, None),  # the NaN gold at 12 is no point; the NaN KL at 11 is skipped
+        (0, 0.0, None),  # the starting policy: rollout 1's KL (0 here)
+        (5, 2.0, 0.5),  # no step 6 logged: step 5's
+        (8, 3.0, None),  # step 9's rollout was sampled by the policy evaluated at 8
+        (10, 4.0, None),  # step 11's KL is NaN: step 10's; the NaN gold at 12 is no point
     ]
-    # a later evaluation with no training step logged before it has no √KL (not a made-up 0)
+    # step 0 with nothing logged is at KL 0 by definition (the reference is the starting policy); a
+    # later evaluation with no KL logged at or before it, or just after, has none (not a made-up 0)
     assert [p.sqrt_kl for p in align({0: 1.0, 3: 2.0}, {}, {5: 1.0})] == [0.0, None]
 
 
@@ -106,3 +110,32 @@ def test_gold_metric_scores_a_rubric_on_evaluations():
     assert per_sample["gold"] == pytest.approx([1.0, 0.125])
     assert corpus["gold"] == pytest.approx(0.5625)
     assert corpus["gold/numeric"] == pytest.approx(3.0) and corpus["gold/varied"] == pytest.approx(3.0)
+
+
+def test_sample_errors_and_the_charts_of_a_run_dir(tmp_path, capsys):
+    # three evaluations; the middle one keeps only one sample (no error bar), the others four
+    rows, samples = [], []
+    vals = {0: [0.2, 0.4, 0.6, 0.8], 5: [0.5], 10: [0.1, 0.1, 0.1, 0.5]}
+    for s, vs in vals.items():
+        rows.append({"step": s, "eval/reward_mean": 0.1 * s, "eval/gold": sum(vs) / len(vs)})
+        rows.append({"step": s + 1, "train/kl_episode": float(s)})
+        samples += [{"step": s, "split": "validation", "metrics": {"gold": v}} for v in vs]
+    samples.append({"step": 10, "split": "train", "metrics": {"gold": 9.0}})  # not an evaluation
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in samples) + "\n")
+    (tmp_path / "config.json").write_text(json.dumps({"eval": {"split": "validation"}}))
+    errs = overopt.sample_errors(tmp_path, "eval/gold")
+    # sd of 0.2, 0.4, 0.6, 0.8 = 0.2582; / sqrt(4) = 0.1291; of 0.1, 0.1, 0.1, 0.5 = 0.2; / 2 = 0.1
+    assert set(errs) == {0, 10}
+    assert errs[0][0] == 4 and errs[0][1] == pytest.approx(0.129099, abs=1e-6)
+    assert errs[10][1] == pytest.approx(0.1)
+    assert overopt.main([str(tmp_path), "--svg", str(tmp_path / "fig")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    step_svg = (tmp_path / "fig" / "overopt-step.svg").read_text()
+    kl_svg = (tmp_path / "fig" / "overopt-kl.svg").read_text()
+    assert "proxy: eval/reward_mean" in step_svg and "gold: eval/gold" in kl_svg
+    assert "training step" in step_svg and "√KL from the initial policy" in kl_svg
+    # the gold's ± SE band is drawn (its points have errors), the proxy has none
+    assert step_svg.count("<polygon") == 1 and step_svg.count("<polyline") == 2
+    # the √KL chart's x ticks: KL 0, 5, 10 at steps 0, 5, 10 (logged at s + 1) -> √KL up to 3.16
+    assert ">3<" in kl_svg and ">4<" not in kl_svg
