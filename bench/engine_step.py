@@ -301,8 +301,10 @@ def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
     prompts = imdb_reference_prompts()
     cfg = ppo_imdb_config(smollm2_path(), args.device, args.value_head, args.precision, args.top_k)
     cfg["resources"] = {"retain_freed_memory": not args.default_malloc}
+    cfg["model"]["compile"] = args.compile  # model.compile: the warm-up pays the one-time compile
     run = engine_setup(cfg, 0.05, prompts=prompts)
-    print("ppo-imdb warm-up", run(epochs=1), flush=True)
+    warm = run(epochs=1)
+    print("ppo-imdb warm-up", warm, flush=True)
     if args.profile:
         return {"profile": profile_update(run, args.profile)}
     rows = []
@@ -315,6 +317,8 @@ def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
         **best,
         "value_head": args.value_head,
         "precision": args.precision,
+        "compile": args.compile,
+        "warmup_iteration_s": round(warm["iteration_s"], 2),
         "top_k": args.top_k,
         "default_malloc": args.default_malloc,
         "all_iteration_s": [round(r["iteration_s"], 2) for r in rows],
@@ -526,6 +530,9 @@ def main() -> None:
     ap.add_argument("--value-head", choices=["shared", "separate"], default="shared", help="--ppo-imdb")
     ap.add_argument("--precision", choices=["auto", "no", "bf16"], default="auto", help="--ppo-imdb")
     ap.add_argument("--top-k", type=int, default=0, help="--ppo-imdb: rollout top-k (the study's is 50)")
+    ap.add_argument(
+        "--compile", action="store_true", help="--ppo-imdb: model.compile (blocks compiled for the update)"
+    )
     ap.add_argument("--profile", default="", help="--ppo-imdb: write a profile of one update epoch here")
     ap.add_argument("--betas", default="0.04,0.0", help="GRPO KL coefficients to time (comma-separated)")
     ap.add_argument(

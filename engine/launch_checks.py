@@ -271,6 +271,45 @@ def compatibility_errors(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
                 "checkpointing does not support: turn it off",
             )
         )
+    errors += compile_errors(cfg)
+    return errors
+
+
+#: Algorithms whose update differentiates twice: compiled graphs have no double backward.
+COMPILE_DOUBLE_BACKWARD = {"trpo": "its Fisher-vector products differentiate the KL's gradient again"}
+
+
+def compile_errors(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What ``model.compile`` cannot be combined with (the trainer raises the same before training)."""
+    model = _section(cfg, "model")
+    if model.get("compile") is not True:
+        return []
+    errors = []
+    alg = _section(cfg, "algorithm").get("id", "ppo")
+    if alg in COMPILE_DOUBLE_BACKWARD:
+        errors.append(
+            (
+                "model.compile",
+                f"algorithm {alg!r} cannot use compiled blocks: {COMPILE_DOUBLE_BACKWARD[alg]}, and compiled "
+                "graphs have no double backward; set model.compile: false",
+            )
+        )
+    if model.get("gradient_checkpointing") is True:
+        errors.append(
+            (
+                "model.compile",
+                "model.compile and model.gradient_checkpointing together are not supported (the "
+                "checkpointed blocks would be recomputed outside the compiled graph): turn one off",
+            )
+        )
+    if _section(cfg, "resources").get("strategy") == "fsdp":
+        errors.append(
+            (
+                "model.compile",
+                "model.compile is not supported with resources.strategy 'fsdp' (sharded blocks gather their "
+                "parameters in hooks the compiled call would bypass): use 'ddp' or turn it off",
+            )
+        )
     return errors
 
 

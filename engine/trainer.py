@@ -43,6 +43,7 @@ from engine.evaluation import (
 )
 from engine.events import MultiSink, NullSink
 from engine.kl import build_kl_controller
+from engine.models.compiled import BlockCompiler, check_compiler, compiled_blocks
 from engine.models.loading import (
     autocast_dtype,
     detect_kind,
@@ -265,6 +266,15 @@ class Trainer:
                 lm, lambda: load_lm(path, self.kind, cfg.model.revision)
             )
         self.algo = algorithms.build(cfg.algorithm.id, cfg=cfg.algorithm)
+        self.compiler: BlockCompiler | None = None
+        if cfg.model.compile:
+            from engine.launch_checks import compile_errors
+
+            problems = compile_errors(cfg.to_dict())
+            if problems:
+                raise ValueError("; ".join(f"{field}: {msg}" for field, msg in problems))
+            check_compiler(self.device)
+            self.compiler = BlockCompiler([self.policy.lm, self.policy.critic])
         self.ref_path = cfg.model.reference_name_or_path
         self.ref_lm: Any | None = None
         self.kl_ctl = None
@@ -735,17 +745,18 @@ class Trainer:
         """The algorithm's update on the batch; returns its statistics."""
         t_update = time.perf_counter()
         shuffle = torch.Generator().manual_seed(_mix(self.cfg.train.seed, it, 2))
-        stats = self.algo.update(
-            self.policy,
-            self.optimizer,
-            batch,
-            advantages=adv,
-            returns=ret,
-            generator=shuffle,
-            temperature=temperature,
-            autocast_dtype=self.amp,
-            scaler=self.scaler,
-        )
+        with compiled_blocks(self.compiler):  # model.compile: compiled blocks for the update only
+            stats = self.algo.update(
+                self.policy,
+                self.optimizer,
+                batch,
+                advantages=adv,
+                returns=ret,
+                generator=shuffle,
+                temperature=temperature,
+                autocast_dtype=self.amp,
+                scaler=self.scaler,
+            )
         timings["update"] = time.perf_counter() - t_update
         return stats
 
