@@ -13,7 +13,8 @@ LOCK ?= 1
 # Extra pip arguments for torch with LOCK=0, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS ?=
-APT_PACKAGES := chromium wordnet-base wordnet-sense-index
+# g++: model.compile (torch.compile's inductor writes C++ kernels for the CPU; tests/engine/test_compiled_blocks.py)
+APT_PACKAGES := chromium wordnet-base wordnet-sense-index g++
 
 .PHONY: venv install system-packages up test lint format bench clean-var
 
@@ -48,7 +49,7 @@ system-packages:
 	if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else \
-		echo "note: please install the Debian packages:$$missing (browser tests and METEOR need them)"; \
+		echo "note: please install the Debian packages:$$missing (browser tests, METEOR and model.compile need them)"; \
 	fi
 
 up: install
