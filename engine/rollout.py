@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -676,8 +678,12 @@ def collect(
     sample_seeds: list[int] | None = None,
     share_prompts: bool = False,
     scores_from_generation: bool | None = None,
+    score_context: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> RolloutBatch:
     """Generate and score episodes for ``samples`` in chunks of ``batch_size`` prompts.
+
+    ``score_context``: entered around each chunk's scoring pass only (``model.compile``'s compiled
+    blocks, :mod:`engine.models.compiled`); generation runs outside it.
 
     ``scores_from_generation``: read the policy's scores off the decode steps (:func:`_scores_from_generation`;
     None: the default, on for causal LMs in fp32).
@@ -715,17 +721,18 @@ def collect(
         )  # fmt: skip
         t1 = time.perf_counter()
         inputs = {"prompt_ids": pi, "prompt_mask": pm, "gen_ids": g.gen_ids, "gen_mask": g.gen_mask}
-        sc = _score_chunk(
-            policy,
-            ref_lm,
-            inputs,
-            g,
-            spec.temperature,
-            autocast_dtype,
-            kl_estimator,
-            share_prompts,
-            score_policy,
-        )
+        with score_context() if score_context is not None else contextlib.nullcontext():
+            sc = _score_chunk(
+                policy,
+                ref_lm,
+                inputs,
+                g,
+                spec.temperature,
+                autocast_dtype,
+                kl_estimator,
+                share_prompts,
+                score_policy,
+            )
         timings["generate"] += t1 - t0
         timings["score"] += time.perf_counter() - t1
         chunks.append(_Chunk(pi, pm, g, sc))

@@ -686,8 +686,16 @@ class Trainer:
                 score_policy=self.algo.needs_rollout_scores(len(samples)),
                 sample_seeds=seeds,
                 share_prompts=group_size > 1,  # a group's G completions share one prompt pass
+                score_context=self._score_context if self.compiler else None,
             )
         return batch, spec.temperature
+
+    def _score_context(self) -> Any:
+        """model.compile: the compiled blocks for the rollout's scoring pass, the reference's included
+        (made after the policy, or replaced by a supervised warm start)."""
+        if self.compiler is not None:
+            self.compiler.add(self.ref_lm)
+        return compiled_blocks(self.compiler)
 
     def _rollout_samples(self, it: int) -> tuple[list[Any], list[int] | None]:
         """This rank's samples of iteration ``it`` (G consecutive copies of each prompt for a group

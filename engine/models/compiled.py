@@ -8,8 +8,10 @@ bf16 autocast, 2 threads, Intel Xeon with AMX): forward + backward 0.80–0.87 s
 compiled, for a one-time compile of 14 s (docs/benchmarks.md). Compiling the blocks one by one
 (``nn.Module.compile``) instead of the whole model leaves the embedding's custom gradient
 (``tied_embedding_grad``) and the LM head's fused log-probs in eager code, and the 30 blocks share one
-compiled graph. Generation and scoring (no gradients, a growing KV cache) keep the eager blocks:
-:func:`compiled_blocks` switches the compiled call on for the update and off again.
+compiled graph. The rollout's scoring pass (policy, separate critic and frozen reference, no gradients:
+a graph of its own) uses them too; generation (a KV cache that grows by one token per step) keeps the
+eager blocks: :func:`compiled_blocks` switches the compiled call on for the update and the scoring and
+off again.
 
 The numbers are those of eager execution up to float rounding (fused kernels sum in another order),
 so the option is off by default and the reproduction study leaves it off.
@@ -17,6 +19,7 @@ so the option is off by default and the reproduction study leaves it off.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -47,12 +50,30 @@ def check_compiler(device: torch.device) -> None:
         )
 
 
+_BLOCK_CALL: Any = None
+
+
+def _call_block(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return block._call_impl(*args, **kwargs)
+
+
+def _compiled_block_call() -> Any:
+    """One compiled function for every block of every model: dynamic, since prompt and minibatch
+    lengths vary from one update to the next (plus a few variants: with and without a padding mask,
+    with and without gradients, a batch of one)."""
+    global _BLOCK_CALL
+    if _BLOCK_CALL is None:
+        _BLOCK_CALL = torch.compile(_call_block, dynamic=True)
+    return _BLOCK_CALL
+
+
 class BlockCompiler:
     """Compiles each block once (lazily, at the first update) and switches the compiled call on only
     inside :meth:`active`."""
 
     def __init__(self, models: Iterable[Any]):
         self.blocks: list[nn.Module] = [b for lm in models if lm is not None for b in blocks_of(lm)]
+        self._models: list[Any] = [lm for lm in models if lm is not None]
         if not self.blocks:
             raise CompileError(
                 "model.compile: the model declares no transformer blocks (_no_split_modules), so there is "
@@ -66,12 +87,19 @@ class BlockCompiler:
         if isinstance(limit, int) and limit < 64:
             torch._dynamo.config.recompile_limit = 64
 
+    def add(self, lm: Any) -> None:
+        """Also compile ``lm``'s blocks (the frozen reference, made after the policy), once."""
+        if lm is not None and all(lm is not m for m in self._models):
+            self._models.append(lm)
+            self.blocks += blocks_of(lm)
+
     def _compiled_call(self, block: nn.Module) -> Any:
         fn = self._compiled.get(id(block))
         if fn is None:
-            # dynamic: prompt and minibatch lengths vary from one update to the next; one graph serves
-            # them all (plus a few variants: with and without a padding mask, a batch of one).
-            fn = self._compiled[id(block)] = torch.compile(block._call_impl, dynamic=True)
+            # The block is an argument of one compiled function, not bound into it: a deep copy of a
+            # block made while the compiled call is on (a frozen reference, a masking policy) then
+            # calls its own weights, since copy.deepcopy maps the partial's block to the copy.
+            fn = self._compiled[id(block)] = functools.partial(_compiled_block_call(), block)
         return fn
 
     @contextmanager
