@@ -24,6 +24,8 @@ the same evaluations (its last value above its first). Pure Python, no torch: th
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import sys
 from collections.abc import Iterable, Mapping
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.jsonl import read_jsonl
+from engine.study.charts import svg_chart
 
 __all__ = [
     "DEFAULT_FALLS",
@@ -226,8 +229,6 @@ def sample_errors(run_dir: str | Path, key: str) -> dict[int, tuple[int, float]]
     run_dir = Path(run_dir)
     name = key.removeprefix("eval/")
     try:
-        import json
-
         split = json.loads((run_dir / "config.json").read_text())["eval"]["split"]
     except (OSError, ValueError, KeyError, TypeError):
         split = "validation"
@@ -257,8 +258,6 @@ def write_svgs(
     """Two standalone SVG charts of a run's watch, for documents: proxy, gold and the ``also`` keys
     (evaluation keys on the same scale) against the training step and against √KL, each point with
     ± one standard error where :func:`sample_errors` has one. Returns the files written."""
-    from engine.study.charts import svg_chart  # only here: the web process never draws these
-
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     w, proxy_key = watch_run_dir(run_dir, gold_key)
     rows = read_jsonl(run_dir / "metrics.jsonl", skip_invalid=True)
@@ -295,8 +294,6 @@ def write_svgs(
 def main(argv: list[str] | None = None) -> int:
     """``python -m engine.overopt RUN_DIR [GOLD_KEY] [FALLS] [--svg DIR] [--also KEY ...]``: the table
     and the warning, as text; with ``--svg`` also the two charts (:func:`write_svgs`)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m engine.overopt", description=main.__doc__)
     ap.add_argument("run_dir")
     ap.add_argument("gold_key", nargs="?", default=GOLD_KEY)

@@ -43,6 +43,7 @@ from engine.evaluation import (
 )
 from engine.events import MultiSink, NullSink
 from engine.kl import build_kl_controller
+from engine.launch_checks import compile_errors
 from engine.models.compiled import BlockCompiler, check_compiler, compiled_blocks
 from engine.models.loading import (
     autocast_dtype,
@@ -268,8 +269,6 @@ class Trainer:
         self.algo = algorithms.build(cfg.algorithm.id, cfg=cfg.algorithm)
         self.compiler: BlockCompiler | None = None
         if cfg.model.compile:
-            from engine.launch_checks import compile_errors
-
             problems = compile_errors(cfg.to_dict())
             if problems:
                 raise ValueError("; ".join(f"{field}: {msg}" for field, msg in problems))

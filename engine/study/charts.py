@@ -6,6 +6,7 @@ HTML page is drawn by JavaScript, not an image."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from engine.presets import ALGORITHM_LABELS
@@ -91,26 +92,7 @@ def svg_chart(
     for i, (cell, c) in enumerate(cells.items()):
         colour = _PALETTE.get(cell, _FALLBACK[i % len(_FALLBACK)])
         pts = [(s, m, sd) for s, m, sd in zip(c["steps"], c["mean"], c["std"]) if m is not None]
-        if len(pts) == 1:  # one evaluation: a level across the plot
-            _s, m, sd = pts[0]
-            if sd:
-                parts.append(
-                    f'<rect x="{ml}" y="{py(m + sd):.1f}" width="{pw}" height="{py(m - sd) - py(m + sd):.1f}" '
-                    f'fill="{colour}" fill-opacity="0.12"/>'
-                )
-            parts.append(
-                f'<line x1="{ml}" x2="{ml + pw}" y1="{py(m):.1f}" y2="{py(m):.1f}" stroke="{colour}" '
-                'stroke-dasharray="5,4" stroke-width="1.5"/>'
-            )
-        elif pts:
-            if any(sd for _s, _m, sd in pts):
-                upper = [f"{px(s):.1f},{py(m + (sd or 0)):.1f}" for s, m, sd in pts]
-                lower = [f"{px(s):.1f},{py(m - (sd or 0)):.1f}" for s, m, sd in reversed(pts)]
-                parts.append(
-                    f'<polygon points="{" ".join(upper + lower)}" fill="{colour}" fill-opacity="0.15"/>'
-                )
-            line = " ".join(f"{px(s):.1f},{py(m):.1f}" for s, m, _sd in pts)
-            parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        parts += _series(pts, colour, px, py, ml, pw)
         ly = mt + 12 + i * 16
         dash = ' stroke-dasharray="5,4"' if len(pts) == 1 else ""
         parts.append(
@@ -119,3 +101,35 @@ def svg_chart(
         parts.append(f'<text x="{ml + pw + 35}" y="{ly}">{esc(ALGORITHM_LABELS.get(cell, cell))}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _series(
+    pts: list[tuple[float, float, float | None]],
+    colour: str,
+    px: Callable[[float], float],
+    py: Callable[[float], float],
+    ml: float,
+    pw: float,
+) -> list[str]:
+    """One cell's band and line; a single evaluation becomes a dashed level across the plot so it can be
+    compared with the curves of the RL cells."""
+    parts: list[str] = []
+    if len(pts) == 1:
+        _s, m, sd = pts[0]
+        if sd:
+            parts.append(
+                f'<rect x="{ml}" y="{py(m + sd):.1f}" width="{pw}" height="{py(m - sd) - py(m + sd):.1f}" '
+                f'fill="{colour}" fill-opacity="0.12"/>'
+            )
+        parts.append(
+            f'<line x1="{ml}" x2="{ml + pw}" y1="{py(m):.1f}" y2="{py(m):.1f}" stroke="{colour}" '
+            'stroke-dasharray="5,4" stroke-width="1.5"/>'
+        )
+    elif pts:
+        if any(sd for _s, _m, sd in pts):
+            upper = [f"{px(s):.1f},{py(m + (sd or 0)):.1f}" for s, m, sd in pts]
+            lower = [f"{px(s):.1f},{py(m - (sd or 0)):.1f}" for s, m, sd in reversed(pts)]
+            parts.append(f'<polygon points="{" ".join(upper + lower)}" fill="{colour}" fill-opacity="0.15"/>')
+        line = " ".join(f"{px(s):.1f},{py(m):.1f}" for s, m, _sd in pts)
+        parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2"/>')
+    return parts
