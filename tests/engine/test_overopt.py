@@ -139,3 +139,20 @@ def test_sample_errors_and_the_charts_of_a_run_dir(tmp_path, capsys):
     assert step_svg.count("<polygon") == 1 and step_svg.count("<polyline") == 2
     # the √KL chart's x ticks: KL 0, 5, 10 at steps 0, 5, 10 (logged at s + 1) -> √KL up to 3.16
     assert ">3<" in kl_svg and ">4<" not in kl_svg
+
+
+def test_the_documented_real_case_config_builds_over_its_preset():
+    """docs/engine.md's real case is run from bench/overopt_vader.yaml: it must stay a valid config
+    whose proxy is VADER without a KL penalty and whose gold is the rubric, every evaluation keeping
+    all its samples (the charts' standard errors)."""
+    from pathlib import Path
+
+    from engine.cli import build_config
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "overopt_vader.yaml"
+    cfg = build_config(str(path), [], "imdb_ppo_offline")
+    assert cfg.reward.id == "sentiment_vader" and not cfg.reward.include_prompt
+    assert cfg.kl.controller == "fixed" and cfg.kl.init_coef == 0.0
+    assert cfg.train.eval_at_start and cfg.train.log_samples >= cfg.task.max_eval_samples
+    gold = cfg.eval.metrics[0]
+    assert gold.id == "gold" and gold.args["reward"]["id"] == "rubric"
