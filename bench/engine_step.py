@@ -302,9 +302,14 @@ def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
     cfg = ppo_imdb_config(smollm2_path(), args.device, args.value_head, args.precision, args.top_k)
     cfg["resources"] = {"retain_freed_memory": not args.default_malloc}
     cfg["model"]["compile"] = args.compile  # model.compile: the warm-up pays the one-time compile
+    cfg["algorithm"]["clip_grad_per_model"] = args.clip_per_model
     run = engine_setup(cfg, 0.05, prompts=prompts)
     warm = run(epochs=1)
     print("ppo-imdb warm-up", warm, flush=True)
+    if args.warmup_only:  # a memory figure: the high-water mark does not depend on the machine's load
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return {**warm, "process_peak_rss_mb": peak, "value_head": args.value_head,
+                "precision": args.precision, "clip_per_model": args.clip_per_model}  # fmt: skip
     if args.profile:
         return {"profile": profile_update(run, args.profile)}
     rows = []
@@ -318,6 +323,7 @@ def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
         "value_head": args.value_head,
         "precision": args.precision,
         "compile": args.compile,
+        "clip_per_model": args.clip_per_model,
         "warmup_iteration_s": round(warm["iteration_s"], 2),
         "top_k": args.top_k,
         "default_malloc": args.default_malloc,
@@ -530,6 +536,16 @@ def main() -> None:
     ap.add_argument("--value-head", choices=["shared", "separate"], default="shared", help="--ppo-imdb")
     ap.add_argument("--precision", choices=["auto", "no", "bf16"], default="auto", help="--ppo-imdb")
     ap.add_argument("--top-k", type=int, default=0, help="--ppo-imdb: rollout top-k (the study's is 50)")
+    ap.add_argument(
+        "--clip-per-model",
+        action="store_true",
+        help="--ppo-imdb: algorithm.clip_grad_per_model (separate critic: one model's gradients at a time)",
+    )
+    ap.add_argument(
+        "--warmup-only",
+        action="store_true",
+        help="--ppo-imdb: stop after the warm-up iteration (its peak RSS; no timing)",
+    )
     ap.add_argument(
         "--compile", action="store_true", help="--ppo-imdb: model.compile (blocks compiled for the update)"
     )

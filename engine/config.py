@@ -425,6 +425,15 @@ class AlgorithmConfig(Strict):
     vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     ent_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     max_grad_norm: float = Field(0.5, gt=0, description="Gradient clipping norm.")
+    clip_grad_per_model: bool = Field(
+        False,
+        description=(
+            "PPO/NLPO with model.value_head 'separate': clip the policy's and the critic's gradients each by "
+            "its own norm and step each model before the other's backward, so one model's gradients are alive "
+            "at a time (SmolLM2-135M fp32: 0.5 GB less). Off: one norm over both models, as RL4LMs / SB3 and "
+            "TRL; on: as OpenRLHF and verl, whose actor and critic have their own optimizers."
+        ),
+    )
     target_kl: float | None = Field(
         None,
         description="Stop the epoch loop early when the approximate KL to the rollout policy exceeds this.",
@@ -726,6 +735,20 @@ class RunConfig(Strict):
             )
         if self.model.lora.enabled:
             raise ValueError("resources.strategy 'fsdp' does not support model.lora (use strategy 'ddp')")
+        return self
+
+    @model_validator(mode="after")
+    def _per_model_clip_needs_two_models(self) -> RunConfig:
+        if not self.algorithm.clip_grad_per_model:
+            return self
+        if self.algorithm.id not in ("ppo", "nlpo"):
+            raise ValueError(
+                f"algorithm.clip_grad_per_model applies to 'ppo' and 'nlpo', not {self.algorithm.id!r}"
+            )
+        if self.model.value_head != "separate":
+            raise ValueError(
+                "algorithm.clip_grad_per_model needs model.value_head 'separate' (a shared trunk is one model)"
+            )
         return self
 
     def to_dict(self) -> dict[str, Any]:

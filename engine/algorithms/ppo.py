@@ -306,6 +306,7 @@ class PPO(ActorCriticAlgorithm):
         counts = 0
         n_updates = 0
         early = False
+        per_model = bool(cfg.clip_grad_per_model) and self.backprops_policy_first(policy)
         policy.train()
         for _epoch in range(cfg.n_epochs):
             perm = torch.randperm(n, generator=inputs.generator)
@@ -314,6 +315,14 @@ class PPO(ActorCriticAlgorithm):
                 chunks[i : i + cfg.grad_accumulation] for i in range(0, len(chunks), cfg.grad_accumulation)
             ]
             for step in steps:
+                if per_model:
+                    counted, early = self.step_per_model(policy, optimizer, batch, step, inputs, sums)
+                    counts += counted
+                    if early:
+                        optimizer.zero_grad(set_to_none=True)
+                        break
+                    n_updates += 1
+                    continue
                 counted, early = self.accumulate(policy, optimizer, batch, step, inputs, sums)
                 counts += counted
                 if early:
@@ -342,13 +351,7 @@ class PPO(ActorCriticAlgorithm):
         """The gradients of one optimizer step's minibatches (``grad_accumulation`` of them), their
         statistics added to ``sums``; returns (minibatches counted, whether approx-KL stopped the update)."""
         optimizer.zero_grad(set_to_none=True)
-        advantages = inputs.advantages
-        if self.whitens_per_minibatch:
-            # SB3 normalises the advantages of each optimizer step's minibatch; with gradient
-            # accumulation that is the union of the accumulated minibatches.
-            rows = torch.cat(step).to(advantages.device)
-            advantages = advantages.clone()
-            advantages[rows] = normalize_minibatch(inputs.advantages[rows], batch.gen_mask[rows])
+        advantages = self.step_advantages(batch, step, inputs)
         split = self.backprops_policy_first(policy)
         for k, idx in enumerate(step):
             idx = idx.to(batch.gen_ids.device)
@@ -368,6 +371,77 @@ class PPO(ActorCriticAlgorithm):
                 return k + 1, True
             backward(loss / len(step), inputs.scaler)
         return len(step), False
+
+    def step_advantages(self, batch: Any, step: list[torch.Tensor], inputs: UpdateInputs) -> torch.Tensor:
+        """The advantages one optimizer step reads: SB3 normalises those of each optimizer step's
+        minibatch; with gradient accumulation that is the union of the accumulated minibatches."""
+        advantages = inputs.advantages
+        if self.whitens_per_minibatch:
+            rows = torch.cat(step).to(advantages.device)
+            advantages = advantages.clone()
+            advantages[rows] = normalize_minibatch(inputs.advantages[rows], batch.gen_mask[rows])
+        return advantages
+
+    def step_per_model(
+        self,
+        policy: Any,
+        optimizer: Any,
+        batch: Any,
+        step: list[torch.Tensor],
+        inputs: UpdateInputs,
+        sums: dict[str, float],
+    ) -> tuple[int, bool]:
+        """One optimizer step with ``algorithm.clip_grad_per_model``: every minibatch's policy pass and
+        backward, the policy clipped by its own norm and stepped, its gradients freed; then every
+        minibatch's critic pass and backward, the critic clipped and stepped. Why: one norm over both
+        models needs both models' gradients at once (SmolLM2-135M fp32: 1 GB); this way only one model's are
+        alive. The terms and statistics are :meth:`split_minibatch`'s; the two norms are logged as
+        ``policy/grad_norm`` and ``value/grad_norm``. A stopping minibatch (approx-KL) ends the step before
+        either model steps, as in the joint path; the critic statistics of the step's minibatches are then
+        computed without a graph. Returns (minibatches counted, whether approx-KL stopped the update)."""
+        cfg, n = self.cfg, len(step)
+        optimizer.zero_grad(set_to_none=True)
+        advantages = self.step_advantages(batch, step, inputs)
+        lm_params = [p for p in policy.lm.parameters() if p.requires_grad]
+        own = {id(p) for p in lm_params}
+        critic_params = [p for p in policy.parameters() if p.requires_grad and id(p) not in own]
+        kept: list[tuple[torch.Tensor, dict[str, Any]]] = []
+        for idx in step:
+            idx = idx.to(batch.gen_ids.device)
+            terms = self.policy_terms(
+                policy, batch, idx, advantages, inputs.temperature, inputs.autocast_dtype, want_values=False
+            )
+            stop = self.stops_early(terms["pg_stats"]["approx_kl"])
+            if not stop:
+                backward((terms["pg_loss"] - cfg.ent_coef * terms["entropy"]) / n, inputs.scaler)
+            light = {k: terms[k] for k in ("tsl", "mask", "inputs")}
+            light["pg_stats"] = {k: v.detach() for k, v in terms["pg_stats"].items()}
+            light["pg_loss"], light["entropy"] = terms["pg_loss"].detach(), terms["entropy"].detach()
+            del terms
+            kept.append((idx, light))
+            if stop:
+                with torch.no_grad():
+                    for i, t in kept:
+                        values = critic_values(policy, t["inputs"], inputs.autocast_dtype)
+                        add_stats(
+                            sums,
+                            self.minibatch_stats(t, *self.value_terms(values, batch, i, inputs.returns, t)),
+                        )
+                return len(kept), True
+        gnorm = clip_and_step(lm_params, optimizer, inputs.scaler, cfg.max_grad_norm)
+        for p in lm_params:
+            p.grad = None
+        for idx, t in kept:
+            values = critic_values(policy, t["inputs"], inputs.autocast_dtype)
+            v_loss, vclip = self.value_terms(values, batch, idx, inputs.returns, t)
+            backward(cfg.vf_coef * v_loss / n, inputs.scaler)
+            add_stats(sums, self.minibatch_stats(t, v_loss, vclip))
+        vnorm = clip_and_step(critic_params, optimizer, inputs.scaler, cfg.max_grad_norm)
+        for p in critic_params:
+            p.grad = None
+        sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + float(gnorm) * n
+        sums["value/grad_norm"] = sums.get("value/grad_norm", 0.0) + float(vnorm) * n
+        return n, False
 
     def stops_early(self, approx_kl: torch.Tensor) -> bool:
         """SB3's approx-KL early stop: this minibatch's KL above 1.5 × ``target_kl``. Every rank must take
