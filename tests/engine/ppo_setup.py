@@ -56,3 +56,23 @@ def fused_adamw(policy: Any, lr: float = 1e-3) -> torch.optim.Optimizer:
     opt = PPO(cfg).make_optimizer([p for p in policy.parameters() if p.requires_grad])
     assert opt is not None and opt.param_groups[0]["fused"]
     return opt
+
+
+def random_value_head(policy: Any) -> None:
+    """A random value head, so that gradient reaches a separate critic's trunk (the initial head is zero)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        w = policy.value_head.linear.weight
+        w.copy_(torch.randn(w.shape, generator=g))
+
+
+def run_update(
+    policy: Any, batch: RolloutBatch, adv: torch.Tensor, ret: torch.Tensor, cls: type = PPO, **kw: Any
+) -> dict:
+    """A whole update (2 epochs of minibatches of 2 unless ``kw`` says otherwise) with PPO's own fused
+    AdamW and a seeded minibatch order; returns the update's statistics."""
+    cfg = AlgorithmConfig(**{"n_epochs": 2, "minibatch_size": 2, "learning_rate": 1e-3, **kw})
+    return cls(cfg).update(
+        policy, fused_adamw(policy), batch, advantages=adv, returns=ret,
+        generator=torch.Generator().manual_seed(1),
+    )  # fmt: skip

@@ -7,30 +7,13 @@ a real rollout; the joint clip (RL4LMs / SB3, TRL) stays the default.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 import torch
 
-from engine.algorithms.ppo import PPO
-from engine.config import AlgorithmConfig, ConfigError, parse_config
-from tests.engine.ppo_setup import flat_params, fused_adamw, rollout
-
-
-def random_value_head(policy: Any) -> None:
-    """The initial value head is zero, so no gradient would reach the critic's trunk."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        w = policy.value_head.linear.weight
-        w.copy_(torch.randn(w.shape, generator=g))
-
-
-def run(policy: Any, batch: Any, adv: torch.Tensor, ret: torch.Tensor, **kw: Any) -> dict:
-    cfg = AlgorithmConfig(**{"n_epochs": 2, "minibatch_size": 2, "learning_rate": 1e-3, **kw})
-    return PPO(cfg).update(
-        policy, fused_adamw(policy), batch, advantages=adv, returns=ret,
-        generator=torch.Generator().manual_seed(1),
-    )  # fmt: skip
+from engine.config import ConfigError, parse_config
+from tests.engine.ppo_setup import flat_params, random_value_head, rollout
+from tests.engine.ppo_setup import run_update as run
 
 
 @pytest.mark.parametrize("kw", [{}, {"grad_accumulation": 2, "ent_coef": 0.01}, {"target_kl": 1e-4}])

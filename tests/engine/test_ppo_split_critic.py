@@ -16,7 +16,7 @@ from engine.algorithms.base import UpdateInputs
 from engine.algorithms.ppo import PPO
 from engine.config import AlgorithmConfig
 from engine.trainer import _add_drift_sums
-from tests.engine.ppo_setup import flat_params, fused_adamw, rollout
+from tests.engine.ppo_setup import flat_params, random_value_head, rollout, run_update
 
 
 class JointPPO(PPO):
@@ -31,11 +31,7 @@ def test_split_backward_gives_the_joint_loss_gradients(tiny_dirs):
     those of ``minibatch_loss``'s joint backward, and the policy's backward has run (every policy
     gradient exists) when the critic's forward starts."""
     policy, batch, adv, ret = rollout(tiny_dirs, "separate")
-    # a random value head, so that gradient reaches the critic's trunk (the initial head is zero)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        w = policy.value_head.linear.weight
-        w.copy_(torch.randn(w.shape, generator=g))
+    random_value_head(policy)
     algo = PPO(AlgorithmConfig(ent_coef=0.01))
     assert algo.backprops_policy_first(policy)
     joint, split = copy.deepcopy(policy), copy.deepcopy(policy)
@@ -55,22 +51,14 @@ def test_split_backward_gives_the_joint_loss_gradients(tiny_dirs):
     assert {k: float(v) for k, v in s_split.items()} == {k: float(v) for k, v in s_joint.items()}
 
 
-def run(policy: Any, batch: Any, adv: torch.Tensor, ret: torch.Tensor, cls: type, **kw: Any) -> dict:
-    cfg = AlgorithmConfig(**{"n_epochs": 2, "minibatch_size": 2, "learning_rate": 1e-3, **kw})
-    return cls(cfg).update(
-        policy, fused_adamw(policy), batch, advantages=adv, returns=ret,
-        generator=torch.Generator().manual_seed(1),
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("kw", [{}, {"grad_accumulation": 2, "ent_coef": 0.01}, {"target_kl": 1e-4}])
 def test_ppo_update_with_a_separate_critic_equals_the_joint_order(tiny_dirs, kw):
     """Whole updates (8 optimizer steps; with accumulation; with an approx-KL stop mid-way): the split
     order leaves bitwise the parameters and statistics of the joint loss."""
     policy, batch, adv, ret = rollout(tiny_dirs, "separate")
     joint, split = copy.deepcopy(policy), copy.deepcopy(policy)
-    s_joint = run(joint, batch, adv, ret, JointPPO, **kw)
-    s_split = run(split, batch, adv, ret, PPO, **kw)
+    s_joint = run_update(joint, batch, adv, ret, JointPPO, **kw)
+    s_split = run_update(split, batch, adv, ret, PPO, **kw)
     assert s_split == s_joint
     if "target_kl" in kw:
         assert s_split["policy/early_stopped"] == 1.0 and s_split["policy/n_updates"] >= 1
