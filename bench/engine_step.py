@@ -299,7 +299,8 @@ def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
     import resource
 
     prompts = imdb_reference_prompts()
-    cfg = ppo_imdb_config(smollm2_path(), args.device, args.value_head, args.precision, args.top_k)
+    model = args.model or smollm2_path()
+    cfg = ppo_imdb_config(model, args.device, args.value_head, args.precision, args.top_k)
     cfg["resources"] = {"retain_freed_memory": not args.default_malloc}
     cfg["model"]["compile"] = args.compile  # model.compile: the warm-up pays the one-time compile
     cfg["algorithm"]["clip_grad_per_model"] = args.clip_per_model
@@ -367,7 +368,8 @@ def grpo_main(args: argparse.Namespace) -> dict[str, Any]:
     two alternate, so that load drift on a shared machine hits both alike.
     """
     betas = [float(b) for b in args.betas.split(",")]
-    cfgs = {beta: grpo_config(smollm2_path(), beta, args.device) for beta in betas}
+    model = args.model or smollm2_path()
+    cfgs = {beta: grpo_config(model, beta, args.device) for beta in betas}
     for cfg in cfgs.values():  # --default-malloc: glibc's allocator as it comes (engine/models/memory.py)
         cfg["resources"] = {"retain_freed_memory": not args.default_malloc}
     runs = {beta: engine_setup(cfg, 0.05) for beta, cfg in cfgs.items()}
@@ -551,6 +553,9 @@ def main() -> None:
     )
     ap.add_argument("--profile", default="", help="--ppo-imdb: write a profile of one update epoch here")
     ap.add_argument("--betas", default="0.04,0.0", help="GRPO KL coefficients to time (comma-separated)")
+    ap.add_argument(
+        "--model", default="", help="--ppo-imdb, --grpo: a model folder instead of the SmolLM2 wheel's GGUF"
+    )
     ap.add_argument(
         "--default-malloc",
         action="store_true",

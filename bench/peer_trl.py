@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--betas", default="0.04,0")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default="")
+    ap.add_argument("--model", default="", help="a model folder instead of the SmolLM2 wheel's GGUF")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--bf16", action="store_true", help="TRL's bf16 flag; fp32 otherwise")
     ap.add_argument(
@@ -70,7 +71,7 @@ def main() -> None:
     from engine.assets import smollm2_gguf_path
     from engine.models.loading import resolve_model_path
 
-    path = resolve_model_path(str(smollm2_gguf_path()))
+    path = args.model or resolve_model_path(str(smollm2_gguf_path()))
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
     if tok.pad_token is None:

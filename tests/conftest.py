@@ -7,6 +7,7 @@ must be ``@pytest.mark.django_db(transaction=True)``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -509,5 +510,10 @@ def scratch_queue(settings: Any) -> Iterator[str]:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_runs_dir(settings: Any, runs_dir: Path) -> None:
-    settings.RUNS_DIR = runs_dir
+def _isolated_runs_dir(request: pytest.FixtureRequest, runs_dir: Path) -> None:
+    """Every test's runs go to its own folder. Where pytest-django is not installed (a GPU machine
+    that runs only the engine's device tests, bench/gpu_check.py) there are no Django settings to
+    point: nothing to isolate, and the engine tests still run."""
+    if importlib.util.find_spec("pytest_django") is None:
+        return
+    request.getfixturevalue("settings").RUNS_DIR = runs_dir

@@ -9,6 +9,7 @@ they run on the CPU (bf16 autocast there too), so none of them is ever skipped.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -89,7 +90,10 @@ def test_rollout_on_the_device_under_bf16():
 @pytest.mark.parametrize("value_head", ["shared", "separate"])
 def test_ppo_runs_end_to_end_on_the_device(tmp_path: Path, value_head: str):
     """Two PPO iterations of the tiny model on the device in bf16, through ``engine.train``: every
-    logged loss finite, the policy stepped (its KL to the reference becomes positive)."""
+    logged loss finite, the policy stepped away from the reference (its weights' relative drift).
+
+    Not the sampled KL: that is a one-sample estimate per token (log π − log π_ref at the sampled
+    token) and can be negative after two small steps; on the H200 it was −0.012 for the separate critic."""
     cfg = merge(
         BASE_CONFIG,
         {
@@ -105,4 +109,5 @@ def test_ppo_runs_end_to_end_on_the_device(tmp_path: Path, value_head: str):
     rl = [r for r in rows if r.get("phase") == "rl" and "loss/total" in r]
     assert len(rl) == 2
     assert all(torch.isfinite(torch.tensor(r["loss/total"])) for r in rl)
-    assert rl[-1]["train/kl"] > 0
+    assert all(math.isfinite(r["train/kl"]) for r in rl)
+    assert all(r["policy/param_drift"] > 0 for r in rl)
