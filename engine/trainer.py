@@ -19,6 +19,7 @@ import re
 import shutil
 import time
 import traceback as tb
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ from engine.models.lora import (
     trainable_state,
 )
 from engine.models.memory import retain_freed_memory
+from engine.models.offload import OffloadedWeights
 from engine.models.policy import ActorCritic, frozen_copy
 from engine.models.precision import autocast
 from engine.registry import algorithms
@@ -251,7 +253,9 @@ class Trainer:
         )
         lm = load_lm(path, self.kind, cfg.model.revision)
         if cfg.model.gradient_checkpointing:
-            lm.gradient_checkpointing_enable()
+            # transformers 5.x renamed it (the old name warns, and goes in v6)
+            enable = getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable
+            enable()
         if cfg.model.lora.enabled:
             apply_lora(lm, cfg.model.lora)  # in place: base frozen, adapter trainable
         self.policy = ActorCritic(lm, self.kind == "seq2seq", cfg.model.value_head).to(self.device)
@@ -276,6 +280,7 @@ class Trainer:
             self.compiler = BlockCompiler([self.policy.lm, self.policy.critic])
         self.ref_path = cfg.model.reference_name_or_path
         self.ref_lm: Any | None = None
+        self.ref_offload: OffloadedWeights | None = None  # model.offload_reference
         self.kl_ctl = None
         self.optimizer = None
         self.reward_fn = None
@@ -370,9 +375,9 @@ class Trainer:
         ref = self.ref_lm
         if ref is None or self.lora or self.ref_path or not hasattr(ref, "named_parameters"):
             return {}
-        ref_params = dict(ref.named_parameters())
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)
-        with torch.no_grad():
+        with torch.no_grad(), self._reference() as ref:
+            ref_params = dict(ref.named_parameters())
             for name, p in self.policy.lm.named_parameters():
                 p0 = ref_params.get(name)
                 if p0 is None:
@@ -396,6 +401,20 @@ class Trainer:
         return distributed.full_state(self.policy)
 
     def _setup_reference(self) -> None:
+        self._load_reference()
+        if self.cfg.model.offload_reference and self.ref_lm is not None and self.ref_offload is None:
+            self.ref_offload = OffloadedWeights(self.ref_lm, self.run_dir / "offload" / "reference.pt")
+
+    @contextlib.contextmanager
+    def _reference(self) -> Iterator[Any]:
+        """The reference for one use: as it is, or mapped back from its file (``model.offload_reference``)."""
+        if self.ref_offload is None:
+            yield self.ref_lm
+            return
+        with self.ref_offload.loaded() as ref:
+            yield ref
+
+    def _load_reference(self) -> None:
         if self.ref_lm is not None or not self.algo.needs_reference:
             return  # critic-free algorithms with beta 0 never load a reference
         if self.ref_path:
@@ -666,10 +685,10 @@ class Trainer:
         group_size = self.algo.group_size
         # Sharded (FSDP): every rank gathers the whole policy once for generation, in which ranks
         # run different numbers of steps (distributed.unsharded).
-        with distributed.unsharded(self.policy):
+        with distributed.unsharded(self.policy), self._reference() as ref_lm:
             batch = collect(
                 self.policy,
-                self.ref_lm,
+                ref_lm,
                 self.tokenizer,
                 samples,
                 spec,
@@ -989,6 +1008,8 @@ class Trainer:
         return self._finish(stopped=False)
 
     def _finish(self, stopped: bool, model_saved: bool = False) -> dict[str, Any]:
+        if self.ref_offload is not None:  # a resume writes it again
+            self.ref_offload.remove()
         model_dir = None
         if not stopped and self.cfg.train.save_final_model:
             model_dir = self.run_dir / "model"
