@@ -330,6 +330,7 @@ def ppo_imdb_main(args: argparse.Namespace) -> dict[str, Any]:
         "compile": args.compile,
         "clip_per_model": args.clip_per_model,
         "gradient_checkpointing": args.gradient_checkpointing,
+        "offload_reference": args.offload_reference,
         "warmup_iteration_s": round(warm["iteration_s"], 2),
         "top_k": args.top_k,
         "default_malloc": args.default_malloc,

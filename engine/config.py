@@ -135,7 +135,7 @@ class ModelConfig(Strict):
     offload_reference: bool = Field(
         False,
         description="Keep the frozen reference's weights in a file in the run folder between its uses "
-        "(the rollout's scoring pass, the drift read) and map them back for each: the update, where "
+        "(the rollout's scoring pass, the drift read) and read them back for each: the update, where "
         "peak memory is reached, runs without them (one model's size less), same numbers, a file as "
         "large as the model. Not with LoRA, DPO, model.compile or FSDP.",
     )
@@ -634,13 +634,13 @@ class TrainConfig(Strict):
         return list(dict.fromkeys(value))
 
 
-#: Algorithms that cannot train sharded parameters (resources.strategy fsdp), with the reason.
 #: Algorithms that read the reference in their update, where model.offload_reference has it on disk.
 OFFLOAD_UNSUPPORTED = {
     "dpo": "DPO reads the reference in every update step (its log-ratio), where offloading it would "
-    "map it back per minibatch: keep it resident",
+    "read it back per minibatch: keep it resident",
 }
 
+#: Algorithms that cannot train sharded parameters (resources.strategy fsdp), with the reason.
 FSDP_UNSUPPORTED = {
     "trpo": "its natural-gradient step works on one flat vector of every parameter (conjugate "
     "gradient with Fisher-vector products from torch.autograd.grad, then a line search that writes the "

@@ -403,11 +403,13 @@ class Trainer:
     def _setup_reference(self) -> None:
         self._load_reference()
         if self.cfg.model.offload_reference and self.ref_lm is not None and self.ref_offload is None:
-            self.ref_offload = OffloadedWeights(self.ref_lm, self.run_dir / "offload" / "reference.pt")
+            # one file per rank: the ranks of a one-host DDP run share the run folder
+            name = f"reference-rank{distributed.current().rank}.pt"
+            self.ref_offload = OffloadedWeights(self.ref_lm, self.run_dir / "offload" / name)
 
     @contextlib.contextmanager
     def _reference(self) -> Iterator[Any]:
-        """The reference for one use: as it is, or mapped back from its file (``model.offload_reference``)."""
+        """The reference for one use: as it is, or read back from its file (``model.offload_reference``)."""
         if self.ref_offload is None:
             yield self.ref_lm
             return
@@ -1008,8 +1010,6 @@ class Trainer:
         return self._finish(stopped=False)
 
     def _finish(self, stopped: bool, model_saved: bool = False) -> dict[str, Any]:
-        if self.ref_offload is not None:  # a resume writes it again
-            self.ref_offload.remove()
         model_dir = None
         if not stopped and self.cfg.train.save_final_model:
             model_dir = self.run_dir / "model"
@@ -1116,6 +1116,7 @@ def train(
             cfg.train.report_to, cfg.train.trackers.model_dump(), cfg.to_dict(), run_dir, warn=events.log
         )
         events = MultiSink(*exports, events)
+    trainer: Trainer | None = None
     try:
         trainer = Trainer(cfg, events, run_dir, run_sink, should_stop=should_stop, resume_from=resume_from)
         result = trainer.run()
@@ -1133,4 +1134,6 @@ def train(
         events.failed(f"{type(exc).__name__}: {exc}", tb.format_exc())
         raise
     finally:
+        if trainer is not None and trainer.ref_offload is not None:  # a failed run leaves no copy behind
+            trainer.ref_offload.remove()
         distributed.teardown()

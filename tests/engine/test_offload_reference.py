@@ -63,7 +63,7 @@ def test_weights_come_back_bit_for_bit_and_leave_no_mapping(tiny_dirs, tmp_path:
 
 
 def test_tied_weights_stay_one_storage(tiny_dirs, tmp_path: Path):
-    """GPT-2 ties its LM head to the token embedding (as SmolLM2 does): saved once, mapped back as one."""
+    """GPT-2 ties its LM head to the token embedding (as SmolLM2 does): saved once, read back as one."""
     lm = frozen_copy(load_lm(tiny_dirs["causal"], "causal"))
     assert lm.lm_head.weight.data_ptr() == lm.transformer.wte.weight.data_ptr()
     off = OffloadedWeights(lm, tmp_path / "ref.pt")
@@ -102,7 +102,7 @@ def test_a_run_with_the_reference_offloaded_logs_the_same_numbers(tmp_path: Path
             if key in a:
                 assert a[key] == b[key], (key, a[key], b[key])
     assert any(r.get("train/kl", 0) != 0 for r in resident)  # the reference was really used
-    assert not (run_dir / "offload" / "reference.pt").exists()
+    assert not list((run_dir / "offload").glob("*.pt"))
 
 
 @pytest.mark.parametrize(
