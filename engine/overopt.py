@@ -276,7 +276,9 @@ def write_svgs(
                 continue
             xs = [s if x_name == "step" else kl_at[s] for s in steps]
             role = "proxy" if key == proxy_key else "gold" if key == gold_key else ""
-            name = labels.get(key) or (f"{role}: {key}" if role else key)
+            # the key's last part: "eval/semantic/sentiment_tfidf_continuation" would not fit the legend
+            short = key.rsplit("/", 1)[-1]
+            name = labels.get(key) or (f"{role}: {short}" if role else short)
             cells[name] = {
                 "steps": xs,
                 "mean": [series[s] for s in steps],
@@ -284,8 +286,16 @@ def write_svgs(
             }
         title = f"{run_dir.name}: proxy and gold by {'step' if x_name == 'step' else '√KL'} (± 1 SE)"
         path = out_dir / f"overopt-{x_name}.svg"
+        legend = max([150, *(int(24 + 6.5 * len(name)) for name in cells)])
         path.write_text(
-            svg_chart(title, {"cells": cells}, width=760, x_label=x_label, integer_x=x_name == "step")
+            svg_chart(
+                title,
+                {"cells": cells},
+                width=610 + legend,
+                x_label=x_label,
+                integer_x=x_name == "step",
+                legend_width=legend,
+            )
         )
         written.append(path)
     return written

@@ -172,13 +172,15 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``_rng_state`` saved. The state file is loaded onto the run's device (its tensors
+    land on CUDA in a GPU run), while numpy and torch's setters take host tensors only: hence ``.cpu()``."""
     py, npst = state["python"], state["numpy"]
     random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
-    keys = npst["keys"].numpy().astype(np.uint32)
+    keys = npst["keys"].cpu().numpy().astype(np.uint32)
     np.random.set_state((npst["kind"], keys, npst["pos"], npst["has_gauss"], npst["cached"]))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def _plain(obj: Any) -> Any:

@@ -43,13 +43,14 @@ def svg_chart(
     height: int = 360,
     x_label: str = "iteration",
     integer_x: bool = True,
+    legend_width: int = 150,
 ) -> str:
     """A line chart of seed means with mean ± std bands, one colour per cell, as a standalone SVG.
 
     Why hand-written: neither kaleido nor matplotlib is installed here, and an SVG plotly writes
     into its HTML page is drawn by JavaScript, not an image. Cells with a single step (Zero-shot,
     Supervised: one evaluation) are drawn as dashed horizontal lines across the plot."""
-    ml, mr, mt, mb = 60, 150, 30, 40
+    ml, mr, mt, mb = 60, legend_width, 30, 40
     pw, ph = width - ml - mr, height - mt - mb
     cells = data.get("cells", {})
     xs = [s for c in cells.values() for s in c["steps"]]

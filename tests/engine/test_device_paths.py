@@ -111,3 +111,26 @@ def test_ppo_runs_end_to_end_on_the_device(tmp_path: Path, value_head: str):
     assert all(torch.isfinite(torch.tensor(r["loss/total"])) for r in rl)
     assert all(math.isfinite(r["train/kl"]) for r in rl)
     assert all(r["policy/param_drift"] > 0 for r in rl)
+
+
+def test_a_run_resumes_on_the_device(tmp_path: Path):
+    """A run checkpointed on the device resumes there. The checkpoint's state file is loaded onto the
+    run's device, so on CUDA its saved RNG states came back as CUDA tensors, which numpy and torch's
+    setters refuse: resuming the over-optimisation run on an H200 failed so before ``_set_rng_state``
+    moved them to the host."""
+    run = tmp_path / "run"
+    cfg = merge(
+        BASE_CONFIG,
+        {
+            "name": "device-resume",
+            "model": {"device": DEVICE.type, "mixed_precision": "bf16"},
+            "rollout": {"max_new_tokens": 4, "min_new_tokens": 4, "batch_size": 8},
+            "algorithm": {"id": "ppo", "learning_rate": 1e-3, "n_epochs": 1, "minibatch_size": 4},
+            "train": {"n_iters": 2, "save_every": 1, "save_final_model": False, "output_dir": str(run)},
+        },
+    )
+    engine.train(cfg)
+    engine.train(merge(cfg, {"train": {"n_iters": 3}}), resume_from=str(run))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = sorted(r["step"] for r in rows if r.get("phase") == "rl" and "loss/total" in r)
+    assert steps == [1, 2, 3]
