@@ -18,8 +18,19 @@ Series (all from ``metrics.jsonl`` or the web app's stored points):
   the x-axis is its square root, as in Gao et al. An evaluation at step s takes the KL logged at step
   s + 1 (that rollout was sampled by the policy the evaluation scored), else the latest at or before s.
 
-The warning: gold fell at each of ``n`` consecutive evaluations (strictly) while the proxy rose over
-the same evaluations (its last value above its first). Pure Python, no torch: the web process uses it.
+The warning has two rules, each over ``n`` consecutive evaluations (the run page's N):
+
+- *falls*: the gold fell at each of them (strictly) while the proxy rose over the same evaluations (its
+  last value above its first). Needs nothing but the means; a noisy gold breaks its runs (on the real
+  case of docs/engine.md one rise within the noise kept it silent at N = 3).
+- *below the best*: each of them is below the best evaluation before it by more than ``z`` (2)
+  standard errors of the difference, ``sqrt(se² + se_best²)``, while the proxy stands above its value
+  at that best. Needs each point's standard error (from the per-sample scores); the errors are
+  treated as independent, which is conservative when the evaluations share their prompts (they do:
+  a paired difference would have a smaller error). This is Gao et al.'s picture read directly: past
+  the gold's peak, the proxy higher, the gold lower beyond its noise.
+
+Pure Python, no torch: the web process uses it.
 """
 
 from __future__ import annotations
@@ -38,10 +49,13 @@ from engine.study.charts import svg_chart
 
 __all__ = [
     "DEFAULT_FALLS",
+    "DEFAULT_Z",
+    "Drop",
     "Episode",
     "Point",
     "Watch",
     "align",
+    "drops_from_best",
     "falling_episodes",
     "watch",
     "sample_errors",
@@ -53,6 +67,7 @@ PROXY_KEYS = ("eval/reward_mean", "train/reward_mean")
 GOLD_KEY = "eval/gold"
 KL_KEY = "train/kl_episode"
 DEFAULT_FALLS = 3
+DEFAULT_Z = 2.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,21 @@ class Episode:
     proxy_rise: float
 
 
+@dataclass(frozen=True)
+class Drop:
+    """Evaluations ``start_step``..``end_step`` (``evaluations`` of them, consecutive), each below the
+    best evaluation before it (``best_step``) by more than ``z`` standard errors while the proxy stood
+    above its value there. ``gold_drop``, ``z_last`` and ``proxy_rise`` are read at the last one."""
+
+    best_step: int
+    start_step: int
+    end_step: int
+    evaluations: int
+    gold_drop: float
+    z_last: float
+    proxy_rise: float
+
+
 @dataclass
 class Watch:
     points: list[Point]
@@ -81,27 +111,44 @@ class Watch:
     episodes: list[Episode] = field(default_factory=list)
     best: Point | None = None
     best_checkpoint: int | None = None
+    drops: list[Drop] = field(default_factory=list)
+    z: float = DEFAULT_Z
+    has_errors: bool = False  # whether the points had standard errors (the second rule could run)
 
     @property
     def warning(self) -> str | None:
-        """One sentence for the run page, or None when the gold never fell ``falls`` times in a row
-        while the proxy rose."""
-        if not self.episodes:
+        """One or two sentences for the run page (one per rule that found a stretch), or None."""
+        parts = []
+        last = self.points[-1].step if self.points else None
+        if self.episodes:
+            e = self.episodes[-1]
+            more = f" ({len(self.episodes)} such stretches)" if len(self.episodes) > 1 else ""
+            parts.append(
+                f"the gold fell at {e.falls} consecutive evaluations "
+                f"(steps {e.start_step}–{e.end_step}, −{e.gold_drop:.4g}) while the proxy rose "
+                f"(+{e.proxy_rise:.4g}){', and is still falling' if e.end_step == last else ''}{more}"
+            )
+        if self.drops:
+            d = self.drops[-1]
+            more = f" ({len(self.drops)} such stretches)" if len(self.drops) > 1 else ""
+            parts.append(
+                f"the gold stayed more than {self.z:g} standard errors below its best (step {d.best_step}) "
+                f"at {d.evaluations} consecutive evaluations (steps {d.start_step}–{d.end_step}; "
+                f"−{d.gold_drop:.4g}, {d.z_last:.1f} SE at step {d.end_step}) while the proxy stood above "
+                f"its value there (+{d.proxy_rise:.4g}){', and still does' if d.end_step == last else ''}{more}"
+            )
+        if not parts:
             return None
-        e = self.episodes[-1]
-        ongoing = self.points and e.end_step == self.points[-1].step
-        more = f" ({len(self.episodes)} such stretches)" if len(self.episodes) > 1 else ""
-        return (
-            f"Possible reward over-optimisation: the gold fell at {e.falls} consecutive evaluations "
-            f"(steps {e.start_step}–{e.end_step}, −{e.gold_drop:.4g}) while the proxy rose "
-            f"(+{e.proxy_rise:.4g}){', and is still falling' if ongoing else ''}{more}."
-        )
+        return "Possible reward over-optimisation: " + "; ".join(parts) + "."
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "points": [vars(p) for p in self.points],
             "falls": self.falls,
             "episodes": [vars(e) for e in self.episodes],
+            "drops": [vars(d) for d in self.drops],
+            "z": self.z,
+            "has_errors": self.has_errors,
             "best": vars(self.best) if self.best else None,
             "best_checkpoint": self.best_checkpoint,
             "warning": self.warning,
@@ -168,17 +215,65 @@ def falling_episodes(points: list[Point], falls: int = DEFAULT_FALLS) -> list[Ep
     return out
 
 
+def drops_from_best(
+    points: list[Point], errors: Mapping[int, float], falls: int = DEFAULT_FALLS, z: float = DEFAULT_Z
+) -> list[Drop]:
+    """Maximal stretches of at least ``falls`` consecutive evaluations each below the best before it
+    by more than ``z`` standard errors of the difference while the proxy stands above its value at
+    that best. The best is the running one: a new best ends a stretch and becomes the reference. A
+    point without a standard error (or a proxy) ends a stretch: it cannot show the drop."""
+    if falls < 1:
+        raise ValueError(f"falls must be at least 1, got {falls}")
+    out: list[Drop] = []
+    best: Point | None = None
+    run: list[tuple[Point, float]] = []  # (point, its z) of the current stretch, all below ``best``
+    for p in [*points, None]:  # None: the end closes the last stretch
+        below = False
+        if p is not None and best is not None and p.gold <= best.gold:
+            se_p, se_b = errors.get(p.step), errors.get(best.step)
+            if _finite(se_p) and _finite(se_b) and p.proxy is not None and best.proxy is not None:
+                se = math.sqrt(float(se_p) ** 2 + float(se_b) ** 2)
+                zz = (best.gold - p.gold) / se if se > 0 else (math.inf if p.gold < best.gold else 0.0)
+                below = zz > z and p.proxy > best.proxy
+        if below:
+            run.append((p, zz))
+            continue
+        if len(run) >= falls and best is not None:
+            last, z_last = run[-1]
+            out.append(
+                Drop(
+                    best.step,
+                    run[0][0].step,
+                    last.step,
+                    len(run),
+                    best.gold - last.gold,
+                    z_last,
+                    (last.proxy or 0.0) - (best.proxy or 0.0),
+                )
+            )
+        run.clear()
+        if p is not None and (best is None or p.gold > best.gold):
+            best = p
+    return out
+
+
 def watch(
     gold: Mapping[int, float],
     proxy: Mapping[int, float] | None = None,
     kl: Mapping[int, float] | None = None,
     checkpoints: Iterable[int] = (),
     falls: int = DEFAULT_FALLS,
+    errors: Mapping[int, float] | None = None,
+    z: float = DEFAULT_Z,
 ) -> Watch:
-    """Points, falling stretches, the best evaluation by gold (the earliest of equal ones) and the
+    """Points, the stretches of both warning rules (the second only with ``errors``: each step's
+    standard error of the gold), the best evaluation by gold (the earliest of equal ones) and the
     checkpoint saved at that step, if one was (else the saved checkpoint with the best gold)."""
     points = align(gold, proxy, kl)
-    result = Watch(points=points, falls=falls, episodes=falling_episodes(points, falls))
+    result = Watch(points=points, falls=falls, episodes=falling_episodes(points, falls), z=z)
+    if errors:
+        result.has_errors = True
+        result.drops = drops_from_best(points, errors, falls, z)
     if points:
         result.best = max(points, key=lambda p: (p.gold, -p.step))
         saved = set(int(s) for s in checkpoints)
@@ -216,7 +311,8 @@ def watch_run_dir(
             f"{run_dir}: no {gold_key!r} in metrics.jsonl; evaluation keys: {', '.join(found) or 'none'}"
         )
     ckpts = [int(p.name[3:]) for p in (run_dir / "checkpoints").glob("rl-*") if p.name[3:].isdigit()]
-    return watch(series[gold_key], proxy, series[KL_KEY], ckpts, falls), proxy_key
+    errors = {step: se for step, (_n, se) in sample_errors(run_dir, gold_key).items()}
+    return watch(series[gold_key], proxy, series[KL_KEY], ckpts, falls, errors), proxy_key
 
 
 def sample_errors(run_dir: str | Path, key: str) -> dict[int, tuple[int, float]]:

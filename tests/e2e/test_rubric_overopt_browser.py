@@ -154,3 +154,30 @@ def test_overoptimisation_warning_best_checkpoint_and_charts(
     expect(table.locator(f"tr[data-run='{steady.pk}'] td").nth(4)).to_have_text("—")
     expect(table.locator(f"tr[data-run='{steady.pk}'] td").nth(1)).to_have_text("80")
     page.wait_for_function("() => document.querySelector('#overopt-by-kl').dataset.traces === '6'")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_noisy_fall_below_the_best_warns_in_the_browser(
+    page: Any, asgi_server: Any, researcher: Any, login: Any
+) -> None:
+    """The below-the-best rule on the run page: a gold that falls past its peak with noise (never three
+    falls in a row) warns from its stored evaluation samples' standard errors; N = 5 asks for more
+    evaluations than the four below the best, and the panel says which rules looked."""
+    from tests.webapp.test_overopt_errors import _noisy_run
+
+    run = _noisy_run(researcher)
+    login(page, asgi_server.url, researcher)
+    page.goto(f"{asgi_server.url}/runs/{run.pk}/")
+    panel = page.locator("#overopt-panel")
+    expect(panel.locator("#overopt-warning")).to_contain_text(
+        "more than 2 standard errors below its best (step 10) at 4 consecutive evaluations (steps 20–50"
+    )
+    expect(panel.locator("#overopt-best")).to_contain_text("Best evaluation by gold: step 10")
+    # proxy and gold, 6 points each, and the star
+    page.wait_for_function("() => document.querySelector('#overopt-by-step').dataset.points === '13'")
+    page.fill("#overopt-falls", "5")
+    page.click("#overopt-form button[type=submit]")
+    expect(panel.locator("#overopt-warning")).to_have_count(0)
+    expect(panel.locator("#overopt-ok")).to_contain_text(
+        "nor stayed more than 2 standard errors below its best at 5 consecutive evaluations"
+    )

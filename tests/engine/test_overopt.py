@@ -1,5 +1,6 @@
-"""The over-optimisation watch on hand-made series: alignment on √KL, the warning's rule (gold falls
-N evaluations in a row while the proxy rises), the best evaluation and checkpoint by gold, and the
+"""The over-optimisation watch on hand-made series: alignment on √KL, the warning's two rules (gold falls
+N evaluations in a row while the proxy rises; gold more than z standard errors below its best at N
+evaluations in a row while the proxy stands above its value there), the best evaluation and checkpoint by gold, and the
 ``gold`` evaluation metric that scores any registered reward (here a rubric) on evaluations only."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 
 from engine import overopt
 from engine.metrics import build_metrics, compute_all
-from engine.overopt import Point, align, falling_episodes, watch
+from engine.overopt import Point, align, drops_from_best, falling_episodes, watch
 
 # Gao et al.'s shape: the proxy climbs all along, the gold rises, peaks at step 40, then falls.
 STEPS = [0, 10, 20, 30, 40, 50, 60, 70, 80]
@@ -50,6 +51,56 @@ def test_exactly_n_falls_warns_and_earlier_stretches_are_counted():
     assert "2 such stretches" in w.warning and "still falling" not in w.warning  # it recovered at 8
     with pytest.raises(ValueError, match="falls must be at least 1"):
         falling_episodes([], 0)
+
+
+# A gold that falls past its peak with noise: never two falls in a row, so the falls rule stays silent.
+NOISY_GOLD = [0.50, 0.52, 0.46, 0.47, 0.45, 0.46, 0.44]
+RISING = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+
+
+def test_below_the_best_catches_a_noisy_fall_the_falls_rule_misses():
+    se = {s: 0.01 for s in range(7)}  # the difference's SE: sqrt(2) * 0.01 = 0.014142
+    w = watch(dict(enumerate(NOISY_GOLD)), dict(enumerate(RISING)), falls=3, errors=se)
+    assert w.episodes == [] and w.has_errors
+    [d] = w.drops
+    # best 0.52 at step 1; steps 2..6 lie 0.06, 0.05, 0.07, 0.06, 0.08 below it: 3.5 to 5.7 SE, all > 2
+    assert (d.best_step, d.start_step, d.end_step, d.evaluations) == (1, 2, 6, 5)
+    assert d.gold_drop == pytest.approx(0.08) and d.z_last == pytest.approx(0.08 / 0.0141421, rel=1e-5)
+    assert d.proxy_rise == pytest.approx(0.5)
+    assert "more than 2 standard errors below its best (step 1) at 5 consecutive evaluations" in w.warning
+    assert "(steps 2–6; −0.08, 5.7 SE at step 6)" in w.warning and "and still does" in w.warning
+    assert w.to_dict()["drops"][0]["evaluations"] == 5
+    # exactly N evaluations warn, N + 1 do not
+    assert drops_from_best(w.points, se, 5) and not drops_from_best(w.points, se, 6)
+
+
+def test_below_the_best_needs_the_drop_beyond_the_noise_and_the_proxy_above():
+    pts = watch(dict(enumerate(NOISY_GOLD)), dict(enumerate(RISING))).points
+    # SE 0.03 per point: 2 SE of the difference = 0.0849, more than any drop here (0.08 at most)
+    assert drops_from_best(pts, {s: 0.03 for s in range(7)}, 3) == []
+    falling = watch(dict(enumerate(NOISY_GOLD)), dict(enumerate(reversed(RISING)))).points
+    assert drops_from_best(falling, {s: 0.01 for s in range(7)}, 1) == []  # the proxy fell too
+    # a point without a standard error ends the stretch: 2..3 and 5..6 are two evaluations each
+    gap = {s: 0.01 for s in range(7) if s != 4}
+    assert drops_from_best(pts, gap, 3) == [] and len(drops_from_best(pts, gap, 2)) == 2
+    # without errors the second rule does not run
+    w = watch(dict(enumerate(NOISY_GOLD)), dict(enumerate(RISING)))
+    assert not w.has_errors and w.drops == [] and w.warning is None
+    with pytest.raises(ValueError, match="falls must be at least 1"):
+        drops_from_best(pts, {}, 0)
+
+
+def test_a_new_best_becomes_the_reference():
+    gold = [0.50, 0.40, 0.39, 0.60, 0.55, 0.50, 0.45]
+    pts = watch(dict(enumerate(gold)), dict(enumerate(RISING))).points
+    se = {s: 0.01 for s in range(7)}
+    # 1..2 lie below step 0 (two only), then step 3 is the new best and 4..6 lie below it
+    [d] = drops_from_best(pts, se, 3)
+    assert (d.best_step, d.start_step, d.end_step) == (3, 4, 6)
+    assert [(x.best_step, x.start_step, x.end_step) for x in drops_from_best(pts, se, 2)] == [
+        (0, 1, 2),
+        (3, 4, 6),
+    ]
 
 
 def test_sqrt_kl_is_that_of_the_policy_each_evaluation_scored():
@@ -129,6 +180,9 @@ def test_sample_errors_and_the_charts_of_a_run_dir(tmp_path, capsys):
     assert set(errs) == {0, 10}
     assert errs[0][0] == 4 and errs[0][1] == pytest.approx(0.129099, abs=1e-6)
     assert errs[10][1] == pytest.approx(0.1)
+    # the run-directory watch hands them to the below-the-best rule
+    w, _ = overopt.watch_run_dir(tmp_path)
+    assert w.has_errors and w.drops == []
     assert overopt.main([str(tmp_path), "--svg", str(tmp_path / "fig")]) == 0
     assert "wrote" in capsys.readouterr().out
     step_svg = (tmp_path / "fig" / "overopt-step.svg").read_text()

@@ -9,14 +9,19 @@ reads only its own few rows (the run's rubric samples, three metric keys, the ch
   logged samples) at the first and the newest logged step of each split.
 - Over-optimisation panel: proxy and gold against training progress and against √KL from the
   initial policy (``engine.overopt``), the best evaluation by gold and its checkpoint, and the
-  warning when gold fell at N consecutive evaluations while the proxy rose. The gold key is
-  ``eval/gold`` unless the researcher picks another evaluation metric (``?gold=``); N is ``?falls=``.
+  warning when gold fell at N consecutive evaluations while the proxy rose, or stayed more than two
+  standard errors below its best at N consecutive evaluations while the proxy stood above its value
+  there (the errors from the stored evaluation samples, or from a gold job's per-step errors). The
+  gold key is ``eval/gold`` unless the researcher picks another evaluation metric (``?gold=``); N is
+  ``?falls=``.
 
 Everything shown is escaped by the templates; numbers go to the charts through ``json_script``.
 """
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
@@ -166,13 +171,47 @@ def pick_default_gold(choices: list[str], jobs: list[dict[str, Any]]) -> str:
     return overopt.GOLD_KEY
 
 
+def gold_errors(run: Run, gold_key: str) -> dict[int, float]:
+    """Each step's standard error of the gold, for the watch's below-the-best rule: a gold job's own
+    per-step errors when the key is a job's, else the sample standard deviation / √n of the stored
+    evaluation samples' per-sample scores (``eval/<name>`` is ``metrics[<name>]`` of a sample, as in
+    ``engine.overopt.sample_errors``). Empty for golds without per-sample scores (a human campaign's
+    ratings): the rule then does not run."""
+    for job in reversed(gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND)):
+        m = job.meta or {}
+        if m.get("key") == gold_key:
+            return {
+                int(e["step"]): float(e["se"])
+                for e in m.get("steps") or []
+                if isinstance(e.get("se"), int | float) and math.isfinite(e["se"])
+            }
+    if not gold_key.startswith("eval/"):
+        return {}
+    name = gold_key.removeprefix("eval/")
+    split = gold_jobs.eval_split(run)
+    values: dict[int, list[float]] = defaultdict(list)
+    rows = Sample.objects.filter(run_id=run.pk, split=split, metrics__has_key=name)
+    for step, metrics in rows.values_list("step", "metrics"):
+        v = metrics.get(name)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            values[int(step)].append(float(v))
+    out = {}
+    for step, vals in values.items():
+        n = len(vals)
+        if n >= 2:
+            mean = sum(vals) / n
+            out[step] = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1) / n)
+    return out
+
+
 def watch_of(
     run: Run, series: Mapping[str, Mapping[int, float]], gold_key: str, falls: int
 ) -> dict[str, Any]:
     """The watch of one run as template context (and the chart's data)."""
     proxy_key, proxy = overopt.pick_proxy(series)
     ckpts = {c.step: c.path for c in gold_jobs.existing_checkpoints(run.pk)[0]}  # not the pruned ones
-    w = overopt.watch(series.get(gold_key) or {}, proxy, series.get(overopt.KL_KEY), ckpts, falls)
+    errors = gold_errors(run, gold_key)
+    w = overopt.watch(series.get(gold_key) or {}, proxy, series.get(overopt.KL_KEY), ckpts, falls, errors)
     data = w.to_dict()
     data.update(run_id=run.pk, run_name=run.name, gold_key=gold_key, proxy_key=proxy_key)
     return {

@@ -1,0 +1,75 @@
+"""The watch's below-the-best rule in the web app (issue 28 §2): each evaluation's standard error comes
+from the stored evaluation samples' per-sample scores, or from a gold job's per-step errors, and the run
+page's panel warns on a noisy fall the falls-in-a-row rule misses. Real PostgreSQL, the Django test
+client; the browser path is in tests/e2e/test_rubric_overopt_browser.py."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+#: Past its peak at step 10 the gold falls with noise: never two falls in a row.
+STEPS = [0, 10, 20, 30, 40, 50]
+GOLD = [0.50, 0.52, 0.46, 0.47, 0.45, 0.44]
+PROXY = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+#: Four samples per evaluation at mean ± 0.01 (two each side): sd 0.011547, SE 0.0057735.
+SPREAD = (-0.01, -0.01, 0.01, 0.01)
+
+
+def _noisy_run(user: Any = None, samples: bool = True) -> Any:
+    from webapp.runs import ingest, services
+    from webapp.runs.models import Sample
+
+    run = services.create_run({"name": "noisy gold", "eval": {"split": "validation"}}, user=user)
+    points = []
+    for s, g, p in zip(STEPS, GOLD, PROXY):
+        points += [("eval/gold", s, g), ("eval/reward_mean", s, p), ("train/kl_episode", s + 1, s / 10)]
+        if samples:
+            for i, d in enumerate(SPREAD):
+                Sample.objects.create(
+                    run=run, step=s, split="validation", sample_id=str(i), prompt=f"p{i}",
+                    generation="g", metrics={"gold": g + d},
+                )  # fmt: skip
+    # a training sample's score is not an evaluation's: it must not enter the errors
+    Sample.objects.create(run=run, step=20, split="train", prompt="p", generation="g", metrics={"gold": 9.0})
+    ingest.ingest_metrics(run.pk, points)
+    return run
+
+
+@pytest.mark.django_db
+def test_errors_come_from_the_evaluation_samples_and_from_gold_jobs() -> None:
+    from webapp.runs import gold_jobs
+    from webapp.runs.models import Artifact
+    from webapp.runs.overopt_views import gold_errors
+
+    run = _noisy_run()
+    errors = gold_errors(run, "eval/gold")
+    assert sorted(errors) == STEPS
+    assert all(math.isclose(v, 0.0057735, rel_tol=1e-4) for v in errors.values())
+    assert gold_errors(run, "eval/reward_mean") == {}  # no per-sample scores for it
+    assert gold_errors(run, "human:3") == {}
+    # a gold scored after the fact carries its own per-step errors (a None one is left out)
+    Artifact.objects.create(
+        run=run, name="judge", kind=gold_jobs.GOLD_KIND, path="",
+        meta={"key": "gold:judge", "steps": [{"step": 0, "se": 0.02}, {"step": 10, "se": None}]},
+    )  # fmt: skip
+    assert gold_errors(run, "gold:judge") == {0: 0.02}
+
+
+@pytest.mark.django_db
+def test_the_panel_warns_on_a_noisy_fall_only_with_errors(client: Any, researcher: Any) -> None:
+    run = _noisy_run(researcher)
+    client.force_login(researcher)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    # best 0.52 at step 10; steps 20..50 lie 0.06, 0.05, 0.07, 0.08 below it: 6.1 to 9.8 SE of the difference
+    assert 'id="overopt-warning"' in html
+    assert "more than 2 standard errors below its best (step 10) at 4 consecutive evaluations" in html
+    assert "(steps 20–50; −0.08, 9.8 SE at step 50)" in html and "the gold fell at" not in html
+    html = client.get(f"/runs/{run.pk}/?falls=5").content.decode()
+    assert 'id="overopt-warning"' not in html and "nor stayed more than 2 standard errors" in html
+    # the same means without samples: the rule cannot run, and the panel says why
+    bare = _noisy_run(researcher, samples=False)
+    html = client.get(f"/runs/{bare.pk}/").content.decode()
+    assert 'id="overopt-warning"' not in html and "the below-the-best rule needs" in html
