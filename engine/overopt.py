@@ -59,6 +59,7 @@ __all__ = [
     "falling_episodes",
     "watch",
     "sample_errors",
+    "standard_error",
     "watch_run_dir",
     "write_svgs",
 ]
@@ -334,14 +335,19 @@ def sample_errors(run_dir: str | Path, key: str) -> dict[int, tuple[int, float]]
         v = (r.get("metrics") or {}).get(name)
         if r.get("split") == split and _finite(v):
             by_step.setdefault(int(r["step"]), []).append(float(v))
-    out = {}
-    for step, vals in by_step.items():
-        n = len(vals)
-        if n >= 2:
-            mean = sum(vals) / n
-            sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
-            out[step] = (n, sd / math.sqrt(n))
-    return out
+    return {
+        step: (len(vals), se) for step, vals in by_step.items() if (se := standard_error(vals)) is not None
+    }
+
+
+def standard_error(values: list[float]) -> float | None:
+    """Sample standard deviation / √n of one evaluation's per-sample scores (None below two): the
+    error both the run-directory watch and the web app's (``overopt_views.gold_errors``) put on a point."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def write_svgs(

@@ -56,7 +56,6 @@ stale job ends ``failed`` with an error saying the worker stopped, so it can be 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import socket
@@ -75,7 +74,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
-from engine import launch_checks, registry, yamlio
+from engine import launch_checks, overopt, registry, yamlio
 from engine.checkpoint_layout import STATE_FILE
 from webapp.celery import app as celery_app
 from webapp.runs import extensions, ingest, paths
@@ -780,7 +779,12 @@ def run_gold_job(job_id: int, task_id: str) -> dict[str, Any]:
         for name, (_vals, m) in result.items():
             if name != "gold":
                 points.append((key + name[len("gold") :], step, m))
-        entry = {"step": step, "mean": mean, "se": _se(values or []), "n": len(batch.generations)}
+        entry = {
+            "step": step,
+            "mean": mean,
+            "se": overopt.standard_error(values or []),
+            "n": len(batch.generations),
+        }
         if batch.checkpoint:
             entry.update(checkpoint=batch.checkpoint, masking=batch.masking)
             notes[batch.masking] = batch.masking_note
@@ -906,14 +910,6 @@ def regenerated_table(
         "n_prompts": len(first),
         "n_samples": qs.count(),
     }
-
-
-def _se(values: list[float]) -> float | None:
-    n = len(values)
-    if n < 2:
-        return None
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def run_export_job(job_id: int, task_id: str) -> dict[str, Any]:

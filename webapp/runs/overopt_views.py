@@ -195,13 +195,7 @@ def gold_errors(run: Run, gold_key: str) -> dict[int, float]:
         v = metrics.get(name)
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
             values[int(step)].append(float(v))
-    out = {}
-    for step, vals in values.items():
-        n = len(vals)
-        if n >= 2:
-            mean = sum(vals) / n
-            out[step] = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1) / n)
-    return out
+    return {step: se for step, vals in values.items() if (se := overopt.standard_error(vals)) is not None}
 
 
 def watch_of(
