@@ -60,6 +60,7 @@ __all__ = [
     "watch",
     "sample_errors",
     "standard_error",
+    "step_errors",
     "watch_run_dir",
     "write_svgs",
 ]
@@ -329,12 +330,21 @@ def sample_errors(run_dir: str | Path, key: str) -> dict[int, tuple[int, float]]
         split = json.loads((run_dir / "config.json").read_text())["eval"]["split"]
     except (OSError, ValueError, KeyError, TypeError):
         split = "validation"
-    by_step: dict[int, list[float]] = {}
     path = run_dir / "samples.jsonl"
-    for r in read_jsonl(path, skip_invalid=True) if path.exists() else []:
-        v = (r.get("metrics") or {}).get(name)
-        if r.get("split") == split and _finite(v):
-            by_step.setdefault(int(r["step"]), []).append(float(v))
+    rows = read_jsonl(path, skip_invalid=True) if path.exists() else []
+    return step_errors(
+        (r["step"], (r.get("metrics") or {}).get(name)) for r in rows if r.get("split") == split
+    )
+
+
+def step_errors(scores: Iterable[tuple[Any, Any]]) -> dict[int, tuple[int, float]]:
+    """``{step: (n, standard error)}`` from ``(step, per-sample score)`` pairs, non-finite scores left
+    out, steps with fewer than two left out: the one grouping the run-directory watch
+    (:func:`sample_errors`) and the web app's (``overopt_views.gold_errors``) share."""
+    by_step: dict[int, list[float]] = {}
+    for step, v in scores:
+        if _finite(v):
+            by_step.setdefault(int(step), []).append(float(v))
     return {
         step: (len(vals), se) for step, vals in by_step.items() if (se := standard_error(vals)) is not None
     }
@@ -342,7 +352,7 @@ def sample_errors(run_dir: str | Path, key: str) -> dict[int, tuple[int, float]]
 
 def standard_error(values: list[float]) -> float | None:
     """Sample standard deviation / √n of one evaluation's per-sample scores (None below two): the
-    error both the run-directory watch and the web app's (``overopt_views.gold_errors``) put on a point."""
+    error :func:`step_errors` puts on a point."""
     n = len(values)
     if n < 2:
         return None

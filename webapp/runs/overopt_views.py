@@ -21,7 +21,6 @@ Everything shown is escaped by the templates; numbers go to the charts through `
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
@@ -189,13 +188,9 @@ def gold_errors(run: Run, gold_key: str) -> dict[int, float]:
         return {}
     name = gold_key.removeprefix("eval/")
     split = gold_jobs.eval_split(run)
-    values: dict[int, list[float]] = defaultdict(list)
     rows = Sample.objects.filter(run_id=run.pk, split=split, metrics__has_key=name)
-    for step, metrics in rows.values_list("step", "metrics"):
-        v = metrics.get(name)
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-            values[int(step)].append(float(v))
-    return {step: se for step, vals in values.items() if (se := overopt.standard_error(vals)) is not None}
+    scores = ((step, metrics.get(name)) for step, metrics in rows.values_list("step", "metrics"))
+    return {step: se for step, (_n, se) in overopt.step_errors(scores).items()}
 
 
 def watch_of(
