@@ -128,8 +128,12 @@ def test_zoom_fetches_full_resolution(page: Any, asgi_server: Any, researcher: A
     ingest.ingest_metrics(run.pk, [("train/reward_mean", s, (s % 97) / 97) for s in range(20_000)])
     login(page, asgi_server.url, researcher)
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")
-    page.wait_for_function("() => window.grueRun && window.grueRun.pointCount() > 0")
     chart = "document.querySelector('.chart[data-group=reward]')"
+    # Points arrive in memory before the chart is drawn (a render is queued for the next frame), so
+    # wait for the drawn trace, not for pointCount(): reading .data between the two failed in CI.
+    page.wait_for_function(
+        f"() => {{ const c = {chart}; return !!(c && c.data && c.data[0] && c.data[0].x.length); }}"
+    )
     overview = page.evaluate(f"{chart}.data[0].x.length")
     assert 0 < overview < 20_000  # downsampled by the server
     page.evaluate(f"Plotly.relayout({chart}, {{'xaxis.range': [1000, 1300]}})")
