@@ -405,6 +405,12 @@ class Trainer:
     def _setup_reference(self) -> None:
         self._load_reference()
         if self.cfg.model.offload_reference and self.ref_lm is not None and self.ref_offload is None:
+            ref_file = self.run_dir / "checkpoints" / "reference.pt"
+            if not self.ref_path and distributed.is_main() and ref_file.is_file():
+                # Supervised + RL: rank 0 has just written (or resumed from) the supervised reference
+                # for resumes; it is the offload file already, so the disk holds one copy, not two.
+                self.ref_offload = OffloadedWeights(self.ref_lm, ref_file, existing=True)
+                return
             # one file per rank: the ranks of a one-host DDP run share the run folder
             name = f"reference-rank{distributed.current().rank}.pt"
             self.ref_offload = OffloadedWeights(self.ref_lm, self.run_dir / "offload" / name)

@@ -30,14 +30,21 @@ from torch import nn
 class OffloadedWeights:
     """``module``'s parameters and persistent buffers kept in ``path`` except inside ``loaded()``."""
 
-    def __init__(self, module: nn.Module, path: Path):
+    def __init__(self, module: nn.Module, path: Path, existing: bool = False):
+        """``existing``: ``path`` already holds exactly ``module.state_dict()`` (a supervised+RL run's
+        ``checkpoints/reference.pt``, kept for resumes): use it instead of writing a second full copy of
+        the weights, and leave it in place when the run ends (it is not this object's to delete)."""
         self.module = module
         self.path = Path(path)
+        self.owned = not existing
         self.device = next(module.parameters()).device
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        torch.save(module.state_dict(), tmp)  # tied weights are saved once and come back tied
-        tmp.replace(self.path)
+        if self.owned:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            torch.save(module.state_dict(), tmp)  # tied weights are saved once and come back tied
+            tmp.replace(self.path)
+        elif not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no saved weights to offload the module to")
         self._depth = 0
         self.release()
 
@@ -75,5 +82,6 @@ class OffloadedWeights:
                 self.release()
 
     def remove(self) -> None:
-        """Delete the file (the run is over); the module stays released."""
-        self.path.unlink(missing_ok=True)
+        """Delete the file if this object wrote it (the run is over); the module stays released."""
+        if self.owned:
+            self.path.unlink(missing_ok=True)

@@ -72,7 +72,7 @@ def test_tied_weights_stay_one_storage(tiny_dirs, tmp_path: Path):
 
 
 def _run(tmp_path: Path, name: str, over: dict[str, Any]) -> tuple[list[dict[str, Any]], Path]:
-    cfg = merge(BASE_CONFIG, {"train": {"output_dir": str(tmp_path / name), "n_iters": 3}, **over})
+    cfg = merge(BASE_CONFIG, merge({"train": {"output_dir": str(tmp_path / name), "n_iters": 3}}, over))
     engine.train(cfg)
     rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r.get("phase") == "rl" and "loss/total" in r], tmp_path / name
@@ -154,3 +154,85 @@ def test_inside_a_run_the_update_runs_without_the_reference(tmp_path: Path):
         rollout.reference_logprobs = score
     assert seen and alive_in_update == [0]
     assert t.ref_offload is not None and not t.ref_offload.is_loaded
+
+
+def test_a_failed_run_leaves_no_offloaded_copy_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The reference's file is a full copy of the model's weights: a run that fails mid-way (here its
+    reward raises in the second iteration, after the first iteration's update read the file) must not
+    leave it on disk, and the failure is still recorded with its traceback."""
+    import engine.trainer as trainer_mod
+
+    build = trainer_mod.build_reward_fn
+    run_dir = tmp_path / "failing"
+    seen: list[bool] = []
+
+    def failing_reward(cfg: Any) -> Any:
+        inner = build(cfg)
+
+        def score(*a: Any, **k: Any) -> Any:
+            seen.append(any((run_dir / "offload").glob("*.pt")))
+            if len(seen) == 2:
+                raise RuntimeError("the reward service went away")
+            return inner(*a, **k)
+
+        return score
+
+    monkeypatch.setattr(trainer_mod, "build_reward_fn", failing_reward)
+    over = {"model": {"value_head": "separate", "offload_reference": True}}
+    cfg = merge(BASE_CONFIG, {"train": {"output_dir": str(run_dir), "n_iters": 3}, **over})
+    with pytest.raises(RuntimeError, match="reward service went away"):
+        engine.train(cfg)
+    assert seen == [True, True]  # the copy was on disk while the run lived
+    assert not list((run_dir / "offload").glob("*.pt")) and not list((run_dir / "offload").glob("*.tmp"))
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    failed = [e for e in events if e["event"] == "failed"]
+    assert len(failed) == 1 and "reward service went away" in failed[0]["error"]
+    assert "failing_reward" in failed[0]["traceback"] or "score" in failed[0]["traceback"]
+
+
+def test_supervised_rl_offloads_to_its_reference_checkpoint_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Supervised + RL keeps the supervised model as ``checkpoints/reference.pt`` for resumes; the
+    offload uses that file instead of writing a second full copy, leaves it in place when the run ends
+    (a later resume needs it), and a run stopped after its first RL iteration resumes to the numbers of
+    the resident, uninterrupted run."""
+    import engine.trainer as trainer_mod
+    from tests.engine.test_resume import StepWatcher
+
+    over = {
+        "model": {"value_head": "separate"},
+        "supervised": {"enabled": True, "max_steps": 2, "batch_size": 4},
+        "train": {"n_iters": 3, "save_every": 1},
+    }
+    resident, _ = _run(tmp_path, "resident", over)
+
+    build = trainer_mod.build_reward_fn
+    copies: list[list[str]] = []
+    split = tmp_path / "split"
+
+    def watched_reward(cfg: Any) -> Any:
+        inner = build(cfg)
+
+        def score(*a: Any, **k: Any) -> Any:
+            copies.append(sorted(p.name for p in split.rglob("*.pt") if "reference" in p.name))
+            return inner(*a, **k)
+
+        return score
+
+    monkeypatch.setattr(trainer_mod, "build_reward_fn", watched_reward)
+    off = merge(over, {"model": {"offload_reference": True}, "train": {"output_dir": str(split)}})
+    cfg = merge(BASE_CONFIG, off)
+    watcher = StepWatcher()
+    part = engine.train(cfg, sink=watcher, should_stop=lambda: watcher.rl_step >= 1)
+    assert part["stopped"] and (split / "checkpoints" / "reference.pt").is_file()
+    engine.train(cfg, resume_from=str(split))
+    assert copies and all(c == ["reference.pt"] for c in copies)  # one copy on disk, never two
+    assert (split / "checkpoints" / "reference.pt").is_file()  # left for resumes
+    rows = [json.loads(x) for x in (split / "metrics.jsonl").read_text().splitlines()]
+    offloaded = [r for r in rows if r.get("phase") == "rl" and "loss/total" in r]
+    assert len(resident) == len(offloaded) == 3
+    for a, b in zip(resident, offloaded, strict=True):
+        for key in NUMBERS:
+            if key in a:
+                assert a[key] == b[key], (key, a[key], b[key])
