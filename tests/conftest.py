@@ -275,6 +275,9 @@ def _subprocess_env(test_db_name: str, **extra: str) -> dict[str, str]:
     env["DJANGO_SETTINGS_MODULE"] = "webapp.settings"
     env["GRUE_TEST_DB_NAME"] = test_db_name
     env.setdefault("GRUE_HEARTBEAT_INTERVAL", "0.5")
+    # Tests read these processes' logs while they run: daphne writes its access log to stdout without
+    # flushing, so a block-buffered stdout (a file) held back lines a test waits for.
+    env.setdefault("PYTHONUNBUFFERED", "1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env

@@ -70,20 +70,23 @@ def auto_resume_lost_runs(limit: int | None = None) -> list[int]:
                 if not interrupted:
                     run.auto_resumes += 1
                     run.save(update_fields=["auto_resumes"])
-                attempt = run.auto_resumes
                 lifecycle.resume_run(run)
+                # The reason, in the resume's transaction: the run page never shows the run queued
+                # again without it. A savepoint: the line is a courtesy and must not undo the resume.
+                line = (
+                    "interrupted by a shutdown; resumed automatically from its checkpoint"
+                    if interrupted
+                    else "worker lost; resumed automatically from the last checkpoint "
+                    f"(attempt {run.auto_resumes} of {limit})"
+                )
+                try:
+                    with transaction.atomic():
+                        ingest.add_log_lines(run_id, [line])
+                except Exception:  # noqa: BLE001 - the log line is a courtesy
+                    log.warning("could not log the automatic resume of run %s", run_id, exc_info=True)
         except ServiceError as exc:  # e.g. broker down: stays lost, tried again next sweep
             log.warning("automatic resume of run %s failed: %s", run_id, exc)
             continue
-        try:
-            line = (
-                "interrupted by a shutdown; resumed automatically from its checkpoint"
-                if interrupted
-                else f"worker lost; resumed automatically from the last checkpoint (attempt {attempt} of {limit})"
-            )
-            ingest.add_log_lines(run_id, [line])
-        except Exception:  # noqa: BLE001 - the log line is a courtesy
-            log.warning("could not log the automatic resume of run %s", run_id, exc_info=True)
         resumed.append(run_id)
     return resumed
 

@@ -71,7 +71,10 @@ def test_a_dead_workers_gold_job_and_export_are_shown_failed_and_retried_from_th
     points = dict(MetricPoint.objects.filter(run=run, key="eval/gold:orphan").values_list("step", "value"))
     assert points[0] == 5.0 and set(points) == {0, 10}  # step 0 kept as the dead worker stored it
 
-    # The checkpoint's export died with its worker too: its row says so and offers retry.
+    # The checkpoint's export died with its worker too: its row says so and offers retry. On a fresh
+    # page: the poll that wrote "succeeded" above also reloads the page (gold_jobs.js, with the new gold
+    # selected), and a click while that reload is under way can land on the page being replaced.
+    page.goto(f"{base}/runs/{run.pk}/", timeout=120_000)
     cell = page.locator("#overopt-checkpoints tr[data-step='10'] td.export")
     expect(cell.locator(".ckpt-export-error")).to_contain_text(
         "export failed: Worker stopped: the worker gone@host stopped sending heartbeats"

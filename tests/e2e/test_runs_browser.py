@@ -69,7 +69,9 @@ def test_launch_watch_live_and_cancel(
     # Drop the websocket: the page reconnects by itself, sends its cursor and keeps growing.
     before = page.evaluate("window.grueRun.pointCount()")
     page.evaluate("window.grueRun.disconnect()")
-    expect(page.locator("#ws-state")).not_to_have_text("live", timeout=10_000)
+    # Polled in the page at every frame: the state is off "live" for only about a second (the retry
+    # comes after 0.75-1.25 s), and expect() from here polls every 500 ms plus a round trip.
+    page.wait_for_function("() => document.getElementById('ws-state').textContent !== 'live'", timeout=10_000)
     expect(page.locator("#ws-state")).to_have_text("live", timeout=60_000)
     page.wait_for_function(f"() => window.grueRun.pointCount() > {before}", timeout=120_000)
 
@@ -279,6 +281,12 @@ def test_compare_groups_charts_keeps_constant_series_flat_and_ticks_readable(
     last = page.locator("#charts .chart").last
     assert last.get_attribute("data-key") == "extra/m29" and last.locator(".main-svg").count() == 0
     _drawn(page, "#charts .chart")
+    # A chart near the screen is drawn empty as soon as it shows, before the series arrive; its curves
+    # come a frame after "loaded". The charts read below: wait for their points (2 runs × 400 steps).
+    for key in ("train/reward_mean", "loss/value"):
+        expect(page.locator(f'#charts .chart[data-key="{key}"]')).to_have_attribute(
+            "data-points", str(2 * len(steps))
+        )
     groups = page.evaluate(
         "() => Array.from(document.querySelectorAll('#charts .chart-group')).map((g) =>"
         " [g.dataset.group, Array.from(g.querySelectorAll('.chart')).map((c) => c.dataset.key)])"

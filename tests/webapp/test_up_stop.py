@@ -90,11 +90,15 @@ def test_stopping_up_during_a_run_interrupts_it_resumably_and_the_next_up_resume
             timeout=300, interval=0.5, what="the interrupted run resumed by the watchdog",
         )  # fmt: skip
         assert run["status"] == "queued" and run["current_iter"] < 2000
-        page = _session(port).open(f"http://127.0.0.1:{port}/runs/{run_id}/", timeout=30).read().decode()
+        opener, run_page = _session(port), f"http://127.0.0.1:{port}/runs/{run_id}/"
+        resumed_line = "interrupted by a shutdown; resumed automatically from its checkpoint"
+        # The watchdog logs its line right after it commits the resume: wait for it, not the status.
+        page = wait_for(
+            lambda: resumed_line in (text := opener.open(run_page, timeout=30).read().decode()) and text,
+            timeout=60, interval=0.5, what="the watchdog's resume line on the run page",
+        )  # fmt: skip
         assert "Interrupted at iteration" in page  # the log tail says why it stopped ...
-        assert (
-            "interrupted by a shutdown; resumed automatically from its checkpoint" in page
-        )  # ... and resumed
+        assert resumed_line in page  # ... and resumed
         points = client.metric_series(run_id, ["train/reward_mean"])["train/reward_mean"]["steps"]
         assert points == list(range(1, len(points) + 1))  # every step up to the interruption, once
     finally:

@@ -22,7 +22,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -337,11 +337,17 @@ def finish(run_id: int, summary: Mapping[str, Any] | None) -> Run:
     fields: dict[str, Any] = {"status": RunStatus.CANCELLED if stopped else RunStatus.SUCCEEDED}
     if not stopped:
         fields.update(progress=1.0, eta_seconds=0.0)
-    run = _end(run_id, fields)
     model_dir = (summary or {}).get("model_dir")
-    if model_dir and not Artifact.objects.filter(run_id=run_id, kind="model", path=str(model_dir)).exists():
-        Artifact.objects.create(run_id=run_id, name="final model", kind="model", path=str(model_dir))
-    return run
+
+    def record_model() -> None:
+        # In the status's transaction: a page that reacts to "succeeded" finds the final model.
+        if (
+            model_dir
+            and not Artifact.objects.filter(run_id=run_id, kind="model", path=str(model_dir)).exists()
+        ):
+            Artifact.objects.create(run_id=run_id, name="final model", kind="model", path=str(model_dir))
+
+    return _end(run_id, fields, also=record_model)
 
 
 def fail(run_id: int, error: str, traceback: str = "") -> Run:
@@ -356,7 +362,8 @@ def fail(run_id: int, error: str, traceback: str = "") -> Run:
     )
 
 
-def _end(run_id: int, fields: dict[str, Any]) -> Run:
+def _end(run_id: int, fields: dict[str, Any], also: Callable[[], None] | None = None) -> Run:
+    """``also`` writes what goes with the ending in the same transaction, before it is broadcast."""
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
@@ -367,6 +374,8 @@ def _end(run_id: int, fields: dict[str, Any]) -> Run:
         for key, value in {**fields, "finished_at": now, "heartbeat_at": now}.items():
             setattr(run, key, value)
         run.save()
+        if also is not None:
+            also()
         _send_status(run)
     return run
 
