@@ -24,11 +24,13 @@ The warning has two rules, each over ``n`` consecutive evaluations (the run page
   last value above its first). Needs nothing but the means; a noisy gold breaks its runs (on the real
   case of docs/engine.md one rise within the noise kept it silent at N = 3).
 - *below the best*: each of them is below the best evaluation before it by more than ``z`` (2)
-  standard errors of the difference, ``sqrt(se² + se_best²)``, while the proxy stands above its value
-  at that best. Needs each point's standard error (from the per-sample scores); the errors are
-  treated as independent, which is conservative when the evaluations share their prompts (they do:
-  a paired difference would have a smaller error). This is Gao et al.'s picture read directly: past
-  the gold's peak, the proxy higher, the gold lower beyond its noise.
+  standard errors of the difference while the proxy stands above its value at that best. When the
+  per-sample scores of both evaluations are known by prompt (``sample_id``) and they share at least
+  two prompts, the error is that of the paired per-prompt differences (a run's evaluations score the
+  same prompts, so the prompts' own spread — a review's sentiment, a question's difficulty — cancels);
+  otherwise ``sqrt(se² + se_best²)`` from each point's own error (independent: conservative). This is
+  Gao et al.'s picture read directly: past the gold's peak, the proxy higher, the gold lower beyond
+  its noise.
 
 Pure Python, no torch: the web process uses it.
 """
@@ -55,10 +57,14 @@ __all__ = [
     "Point",
     "Watch",
     "align",
+    "difference_error",
     "drops_from_best",
     "falling_episodes",
+    "group_scores",
+    "paired_error",
     "watch",
     "sample_errors",
+    "sample_scores",
     "standard_error",
     "step_errors",
     "watch_run_dir",
@@ -104,6 +110,7 @@ class Drop:
     gold_drop: float
     z_last: float
     proxy_rise: float
+    paired: bool = False  # whether z_last came from paired per-prompt differences
 
 
 @dataclass
@@ -133,8 +140,9 @@ class Watch:
         if self.drops:
             d = self.drops[-1]
             more = f" ({len(self.drops)} such stretches)" if len(self.drops) > 1 else ""
+            how = " of the paired per-prompt differences" if d.paired else ""
             parts.append(
-                f"the gold stayed more than {self.z:g} standard errors below its best (step {d.best_step}) "
+                f"the gold stayed more than {self.z:g} standard errors{how} below its best (step {d.best_step}) "
                 f"at {d.evaluations} consecutive evaluations (steps {d.start_step}–{d.end_step}; "
                 f"−{d.gold_drop:.4g}, {d.z_last:.1f} SE at step {d.end_step}) while the proxy stood above "
                 f"its value there (+{d.proxy_rise:.4g}){', and still does' if d.end_step == last else ''}{more}"
@@ -217,31 +225,63 @@ def falling_episodes(points: list[Point], falls: int = DEFAULT_FALLS) -> list[Ep
     return out
 
 
+Scores = Mapping[int, Mapping[str, float]]  # {step: {sample_id: per-sample gold score}}
+
+
+def paired_error(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[int, float] | None:
+    """``(n, standard error)`` of the mean per-prompt difference over the prompts both evaluations
+    scored (None below two shared prompts)."""
+    diffs = [a[k] - b[k] for k in a.keys() & b.keys()]
+    se = standard_error(diffs)
+    return None if se is None else (len(diffs), se)
+
+
+def difference_error(
+    step: int, best_step: int, errors: Mapping[int, float], scores: Scores | None = None
+) -> tuple[float, bool] | None:
+    """The standard error of ``gold[best_step] − gold[step]`` and whether it is paired: over the shared
+    prompts when both evaluations' per-sample scores are known, else from the two points' own errors
+    as independent ones. None when neither is known."""
+    if scores and step in scores and best_step in scores:
+        paired = paired_error(scores[best_step], scores[step])
+        if paired is not None:
+            return paired[1], True
+    se_p, se_b = errors.get(step), errors.get(best_step)
+    if _finite(se_p) and _finite(se_b):
+        return math.sqrt(float(se_p) ** 2 + float(se_b) ** 2), False
+    return None
+
+
 def drops_from_best(
-    points: list[Point], errors: Mapping[int, float], falls: int = DEFAULT_FALLS, z: float = DEFAULT_Z
+    points: list[Point],
+    errors: Mapping[int, float],
+    falls: int = DEFAULT_FALLS,
+    z: float = DEFAULT_Z,
+    scores: Scores | None = None,
 ) -> list[Drop]:
     """Maximal stretches of at least ``falls`` consecutive evaluations each below the best before it
-    by more than ``z`` standard errors of the difference while the proxy stands above its value at
-    that best. The best is the running one: a new best ends a stretch and becomes the reference. A
-    point without a standard error (or a proxy) ends a stretch: it cannot show the drop."""
+    by more than ``z`` standard errors of the difference (:func:`difference_error`: paired when
+    ``scores`` has both evaluations by prompt) while the proxy stands above its value at that best.
+    The best is the running one: a new best ends a stretch and becomes the reference. A point without
+    a standard error (or a proxy) ends a stretch: it cannot show the drop."""
     if falls < 1:
         raise ValueError(f"falls must be at least 1, got {falls}")
     out: list[Drop] = []
     best: Point | None = None
-    run: list[tuple[Point, float]] = []  # (point, its z) of the current stretch, all below ``best``
+    run: list[tuple[Point, float, bool]] = []  # (point, its z, paired) of the stretch, all below ``best``
     for p in [*points, None]:  # None: the end closes the last stretch
         below = False
         if p is not None and best is not None and p.gold <= best.gold:
-            se_p, se_b = errors.get(p.step), errors.get(best.step)
-            if _finite(se_p) and _finite(se_b) and p.proxy is not None and best.proxy is not None:
-                se = math.sqrt(float(se_p) ** 2 + float(se_b) ** 2)
+            err = difference_error(p.step, best.step, errors, scores)
+            if err is not None and p.proxy is not None and best.proxy is not None:
+                se, paired = err
                 zz = (best.gold - p.gold) / se if se > 0 else (math.inf if p.gold < best.gold else 0.0)
                 below = zz > z and p.proxy > best.proxy
         if below:
-            run.append((p, zz))
+            run.append((p, zz, paired))
             continue
         if len(run) >= falls and best is not None:
-            last, z_last = run[-1]
+            last, z_last, paired_last = run[-1]
             out.append(
                 Drop(
                     best.step,
@@ -251,6 +291,7 @@ def drops_from_best(
                     best.gold - last.gold,
                     z_last,
                     (last.proxy or 0.0) - (best.proxy or 0.0),
+                    paired_last,
                 )
             )
         run.clear()
@@ -267,15 +308,17 @@ def watch(
     falls: int = DEFAULT_FALLS,
     errors: Mapping[int, float] | None = None,
     z: float = DEFAULT_Z,
+    scores: Scores | None = None,
 ) -> Watch:
-    """Points, the stretches of both warning rules (the second only with ``errors``: each step's
-    standard error of the gold), the best evaluation by gold (the earliest of equal ones) and the
-    checkpoint saved at that step, if one was (else the saved checkpoint with the best gold)."""
+    """Points, the stretches of both warning rules (the second only with ``errors``, each step's
+    standard error of the gold, or ``scores``, each step's per-sample gold by prompt), the best
+    evaluation by gold (the earliest of equal ones) and the checkpoint saved at that step, if one was
+    (else the saved checkpoint with the best gold)."""
     points = align(gold, proxy, kl)
     result = Watch(points=points, falls=falls, episodes=falling_episodes(points, falls), z=z)
-    if errors:
+    if errors or scores:
         result.has_errors = True
-        result.drops = drops_from_best(points, errors, falls, z)
+        result.drops = drops_from_best(points, errors or {}, falls, z, scores)
     if points:
         result.best = max(points, key=lambda p: (p.gold, -p.step))
         saved = set(int(s) for s in checkpoints)
@@ -314,7 +357,8 @@ def watch_run_dir(
         )
     ckpts = [int(p.name[3:]) for p in (run_dir / "checkpoints").glob("rl-*") if p.name[3:].isdigit()]
     errors = {step: se for step, (_n, se) in sample_errors(run_dir, gold_key).items()}
-    return watch(series[gold_key], proxy, series[KL_KEY], ckpts, falls, errors), proxy_key
+    scores = sample_scores(run_dir, gold_key)
+    return watch(series[gold_key], proxy, series[KL_KEY], ckpts, falls, errors, scores=scores), proxy_key
 
 
 def sample_errors(run_dir: str | Path, key: str) -> dict[int, tuple[int, float]]:
@@ -324,6 +368,27 @@ def sample_errors(run_dir: str | Path, key: str) -> dict[int, tuple[int, float]]
     ``train.log_samples`` of their generations with every metric's per-sample value (the final one
     stores all), so a run that keeps as many as it has evaluation prompts gives each point its
     sample standard deviation / √n. Steps with fewer than two scored samples are left out."""
+    return step_errors(_eval_rows(run_dir, key))
+
+
+def sample_scores(run_dir: str | Path, key: str) -> dict[int, dict[str, float]]:
+    """``{step: {sample_id: score}}`` of an evaluation key from samples.jsonl, for paired differences
+    (:func:`difference_error`); samples without an id are left out, repeats of an id averaged."""
+    return group_scores((step, sid, v) for step, v, sid in _eval_rows(run_dir, key, with_ids=True) if sid)
+
+
+def group_scores(rows: Iterable[tuple[Any, Any, Any]]) -> dict[int, dict[str, float]]:
+    """``{step: {sample_id: mean score}}`` from ``(step, sample_id, score)`` rows, non-finite scores
+    left out: the one grouping the run-directory watch and the web app's (``overopt_views``) share."""
+    sums: dict[int, dict[str, list[float]]] = {}
+    for step, sid, v in rows:
+        if _finite(v):
+            sums.setdefault(int(step), {}).setdefault(str(sid), []).append(float(v))
+    return {step: {sid: sum(vs) / len(vs) for sid, vs in ids.items()} for step, ids in sums.items()}
+
+
+def _eval_rows(run_dir: str | Path, key: str, with_ids: bool = False) -> list[tuple[Any, ...]]:
+    """``(step, per-sample score[, sample_id])`` of the evaluation split's samples in samples.jsonl."""
     run_dir = Path(run_dir)
     name = key.removeprefix("eval/")
     try:
@@ -332,9 +397,11 @@ def sample_errors(run_dir: str | Path, key: str) -> dict[int, tuple[int, float]]
         split = "validation"
     path = run_dir / "samples.jsonl"
     rows = read_jsonl(path, skip_invalid=True) if path.exists() else []
-    return step_errors(
-        (r["step"], (r.get("metrics") or {}).get(name)) for r in rows if r.get("split") == split
-    )
+    return [
+        (r["step"], (r.get("metrics") or {}).get(name), *((r.get("sample_id"),) if with_ids else ()))
+        for r in rows
+        if r.get("split") == split
+    ]
 
 
 def step_errors(scores: Iterable[tuple[Any, Any]]) -> dict[int, tuple[int, float]]:

@@ -103,6 +103,69 @@ def test_a_new_best_becomes_the_reference():
     ]
 
 
+def test_paired_differences_see_a_drop_the_prompts_spread_hides():
+    """Four prompts whose gold differs a lot by prompt (0.2 .. 0.8) and drops by about 0.1 on each:
+    as independent means the drop is under one standard error; paired over the prompts it is many."""
+    best = {"a": 0.2, "b": 0.4, "c": 0.6, "d": 0.8}
+    later = {"a": 0.11, "b": 0.29, "c": 0.50, "d": 0.70}  # differences 0.09, 0.11, 0.10, 0.10
+    # independent: se of each mean = sd / 2 = 0.129099 and 0.127867 -> sqrt(sum of squares) = 0.181705
+    # paired: sd of (0.09, 0.11, 0.10, 0.10) = 0.0081650, / 2 = 0.0040825
+    n, se = overopt.paired_error(best, later)
+    assert n == 4 and se == pytest.approx(0.0040825, rel=1e-4)
+    assert overopt.paired_error(best, {"a": 0.1, "x": 0.3}) is None  # one shared prompt: no error
+    gold = {0: 0.5, 1: sum(later.values()) / 4, 2: sum(later.values()) / 4 - 0.001}
+    scores = {0: best, 1: later, 2: {k: v - 0.001 for k, v in later.items()}}
+    errors = {s: overopt.standard_error(list(v.values())) for s, v in scores.items()}
+    assert overopt.difference_error(1, 0, errors) == (pytest.approx(0.181705, rel=1e-4), False)
+    assert overopt.difference_error(1, 0, errors, scores) == (pytest.approx(0.0040825, rel=1e-4), True)
+    proxy = {0: 0.1, 1: 0.5, 2: 0.9}
+    independent = watch(gold, proxy, falls=2, errors=errors)
+    assert independent.drops == []  # 0.1 / 0.18 = 0.55 SE
+    paired = watch(gold, proxy, falls=2, errors=errors, scores=scores)
+    [d] = paired.drops
+    assert (d.best_step, d.start_step, d.end_step, d.paired) == (0, 1, 2, True)
+    assert d.z_last == pytest.approx(0.101 / 0.0040825, rel=1e-3)
+    assert "standard errors of the paired per-prompt differences below its best (step 0)" in paired.warning
+    # scores alone (no per-point errors) run the rule; a step without scores falls back to its error
+    assert watch(gold, proxy, falls=2, scores=scores).drops == paired.drops
+    partial = {0: best, 1: later}
+    [d2] = watch(gold, proxy, falls=1, errors=errors, scores=partial).drops
+    assert (d2.start_step, d2.end_step, d2.paired) == (1, 1, True)  # step 2: 0.101 / 0.18 SE, not below
+
+
+def test_sample_scores_pair_a_run_dirs_evaluations_by_prompt(tmp_path):
+    rows = [
+        {"step": 0, "eval/reward_mean": 0.1, "eval/gold": 0.5},
+        {"step": 5, "eval/reward_mean": 0.5, "eval/gold": 0.4},
+        {"step": 10, "eval/reward_mean": 0.9, "eval/gold": 0.399},
+    ]
+    base = {"a": 0.2, "b": 0.4, "c": 0.6, "d": 0.8}
+    per_step = {
+        0: base,
+        5: {k: v - 0.1 for k, v in base.items()},
+        10: {k: v - 0.101 for k, v in base.items()},
+    }
+    samples = [
+        {"step": s, "split": "validation", "sample_id": sid, "metrics": {"gold": v}}
+        for s, ids in per_step.items()
+        for sid, v in ids.items()
+    ]
+    samples.append({"step": 5, "split": "validation", "metrics": {"gold": 0.3}})  # no id: not paired
+    samples.append({"step": 10, "split": "train", "sample_id": "a", "metrics": {"gold": 9.0}})  # not eval
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in samples) + "\n")
+    (tmp_path / "config.json").write_text(json.dumps({"eval": {"split": "validation"}}))
+    scores = overopt.sample_scores(tmp_path, "eval/gold")
+    assert scores[5] == pytest.approx(per_step[5]) and scores[10]["a"] == pytest.approx(0.099)
+    assert overopt.sample_errors(tmp_path, "eval/gold")[5][0] == 5  # the unpaired sample still counts
+    assert overopt.group_scores([(1, "a", 0.2), (1, "a", 0.4), (1, "b", float("nan"))]) == {
+        1: {"a": pytest.approx(0.3)}
+    }
+    w, _ = overopt.watch_run_dir(tmp_path, falls=2)
+    [d] = w.drops
+    assert (d.best_step, d.start_step, d.end_step, d.paired) == (0, 5, 10, True)
+
+
 def test_sqrt_kl_is_that_of_the_policy_each_evaluation_scored():
     # train/kl_episode at step s comes from rollout s, sampled before update s: the policy an
     # evaluation at step s scored (after s updates) is measured at step s + 1 when that was logged,

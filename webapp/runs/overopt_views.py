@@ -193,6 +193,22 @@ def gold_errors(run: Run, gold_key: str) -> dict[int, float]:
     return {step: se for step, (_n, se) in overopt.step_errors(scores).items()}
 
 
+def gold_scores(run: Run, gold_key: str) -> dict[int, dict[str, float]]:
+    """Each evaluation's per-sample gold by prompt (``sample_id``), so that the below-the-best rule
+    compares two evaluations over the prompts they share (``engine.overopt.difference_error``): a
+    run's evaluations score the same prompts, and the paired difference has no share of the prompts'
+    own spread. Empty for golds without stored per-sample scores (a gold job's, a campaign's)."""
+    if not gold_key.startswith("eval/"):
+        return {}
+    name = gold_key.removeprefix("eval/")
+    rows = Sample.objects.filter(run_id=run.pk, split=gold_jobs.eval_split(run), metrics__has_key=name)
+    rows = rows.exclude(sample_id="")
+    return overopt.group_scores(
+        (step, sid, metrics.get(name))
+        for step, sid, metrics in rows.values_list("step", "sample_id", "metrics")
+    )
+
+
 def watch_of(
     run: Run, series: Mapping[str, Mapping[int, float]], gold_key: str, falls: int
 ) -> dict[str, Any]:
@@ -200,7 +216,10 @@ def watch_of(
     proxy_key, proxy = overopt.pick_proxy(series)
     ckpts = {c.step: c.path for c in gold_jobs.existing_checkpoints(run.pk)[0]}  # not the pruned ones
     errors = gold_errors(run, gold_key)
-    w = overopt.watch(series.get(gold_key) or {}, proxy, series.get(overopt.KL_KEY), ckpts, falls, errors)
+    scores = gold_scores(run, gold_key)
+    w = overopt.watch(
+        series.get(gold_key) or {}, proxy, series.get(overopt.KL_KEY), ckpts, falls, errors, scores=scores
+    )
     data = w.to_dict()
     data.update(run_id=run.pk, run_name=run.name, gold_key=gold_key, proxy_key=proxy_key)
     return {
