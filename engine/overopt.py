@@ -356,8 +356,9 @@ def watch_run_dir(
             f"{run_dir}: no {gold_key!r} in metrics.jsonl; evaluation keys: {', '.join(found) or 'none'}"
         )
     ckpts = [int(p.name[3:]) for p in (run_dir / "checkpoints").glob("rl-*") if p.name[3:].isdigit()]
-    errors = {step: se for step, (_n, se) in sample_errors(run_dir, gold_key).items()}
-    scores = sample_scores(run_dir, gold_key)
+    rows = _eval_rows(run_dir, gold_key, with_ids=True)  # samples.jsonl read once for both
+    errors = {step: se for step, (_n, se) in step_errors((st, v) for st, v, _sid in rows).items()}
+    scores = group_scores((st, sid, v) for st, v, sid in rows if sid)
     return watch(series[gold_key], proxy, series[KL_KEY], ckpts, falls, errors, scores=scores), proxy_key
 
 

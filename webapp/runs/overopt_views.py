@@ -170,7 +170,7 @@ def pick_default_gold(choices: list[str], jobs: list[dict[str, Any]]) -> str:
     return overopt.GOLD_KEY
 
 
-def gold_errors(run: Run, gold_key: str) -> dict[int, float]:
+def gold_errors(run: Run, gold_key: str, rows: list[tuple[int, str, Any]] | None = None) -> dict[int, float]:
     """Each step's standard error of the gold, for the watch's below-the-best rule: a gold job's own
     per-step errors when the key is a job's, else the sample standard deviation / √n of the stored
     evaluation samples' per-sample scores (``eval/<name>`` is ``metrics[<name>]`` of a sample, as in
@@ -186,27 +186,29 @@ def gold_errors(run: Run, gold_key: str) -> dict[int, float]:
             }
     if not gold_key.startswith("eval/"):
         return {}
+    rows = eval_sample_rows(run, gold_key) if rows is None else rows
+    return {step: se for step, (_n, se) in overopt.step_errors((st, v) for st, _sid, v in rows).items()}
+
+
+def eval_sample_rows(run: Run, gold_key: str) -> list[tuple[int, str, Any]]:
+    """``(step, sample_id, score)`` of the stored evaluation samples scored for an ``eval/`` key: one
+    query for both the per-step errors and the per-prompt scores."""
+    if not gold_key.startswith("eval/"):
+        return []
     name = gold_key.removeprefix("eval/")
-    split = gold_jobs.eval_split(run)
-    rows = Sample.objects.filter(run_id=run.pk, split=split, metrics__has_key=name)
-    scores = ((step, metrics.get(name)) for step, metrics in rows.values_list("step", "metrics"))
-    return {step: se for step, (_n, se) in overopt.step_errors(scores).items()}
+    rows = Sample.objects.filter(run_id=run.pk, split=gold_jobs.eval_split(run), metrics__has_key=name)
+    return [(st, sid, m.get(name)) for st, sid, m in rows.values_list("step", "sample_id", "metrics")]
 
 
-def gold_scores(run: Run, gold_key: str) -> dict[int, dict[str, float]]:
+def gold_scores(
+    run: Run, gold_key: str, rows: list[tuple[int, str, Any]] | None = None
+) -> dict[int, dict[str, float]]:
     """Each evaluation's per-sample gold by prompt (``sample_id``), so that the below-the-best rule
     compares two evaluations over the prompts they share (``engine.overopt.difference_error``): a
     run's evaluations score the same prompts, and the paired difference has no share of the prompts'
     own spread. Empty for golds without stored per-sample scores (a gold job's, a campaign's)."""
-    if not gold_key.startswith("eval/"):
-        return {}
-    name = gold_key.removeprefix("eval/")
-    rows = Sample.objects.filter(run_id=run.pk, split=gold_jobs.eval_split(run), metrics__has_key=name)
-    rows = rows.exclude(sample_id="")
-    return overopt.group_scores(
-        (step, sid, metrics.get(name))
-        for step, sid, metrics in rows.values_list("step", "sample_id", "metrics")
-    )
+    rows = eval_sample_rows(run, gold_key) if rows is None else rows
+    return overopt.group_scores(r for r in rows if r[1])
 
 
 def watch_of(
@@ -215,8 +217,8 @@ def watch_of(
     """The watch of one run as template context (and the chart's data)."""
     proxy_key, proxy = overopt.pick_proxy(series)
     ckpts = {c.step: c.path for c in gold_jobs.existing_checkpoints(run.pk)[0]}  # not the pruned ones
-    errors = gold_errors(run, gold_key)
-    scores = gold_scores(run, gold_key)
+    rows = eval_sample_rows(run, gold_key)
+    errors, scores = gold_errors(run, gold_key, rows), gold_scores(run, gold_key, rows)
     w = overopt.watch(
         series.get(gold_key) or {}, proxy, series.get(overopt.KL_KEY), ckpts, falls, errors, scores=scores
     )
