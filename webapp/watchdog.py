@@ -27,8 +27,10 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
 from webapp.runs import gold_jobs, ingest, lifecycle
-from webapp.runs.errors import ServiceError
+from webapp.runs.broadcast import broadcast
+from webapp.runs.errors import BrokerUnavailable, ServiceError
 from webapp.runs.models import Run, RunStatus
+from webapp.runs.protocol import status_message
 
 log = logging.getLogger(__name__)
 
@@ -52,43 +54,87 @@ def mark_lost(older_than: float | None = None) -> SweepResult:
 
 
 def auto_resume_lost_runs(limit: int | None = None) -> list[int]:
-    """Queue again every lost run that has a checkpoint and automatic resumes left."""
+    """Queue again every lost run that has a checkpoint and automatic resumes left.
+
+    The message goes to the broker after the resume commits (``lifecycle._queue``). When the broker
+    cannot be reached, the launch path would keep the run as a retryable draft; here nobody is there
+    to retry it, so the run goes back to ``lost`` as it was (:func:`_keep_lost`, the attempt not
+    spent) and the next sweep tries again."""
     limit = int(settings.GRUE_AUTO_RESUME_LIMIT if limit is None else limit)
     resumed: list[int] = []
     candidates = Run.objects.filter(status=RunStatus.LOST, auto_resumes__lt=limit, checkpoints__isnull=False)
     # A remote run (webapp.api) trains on its client's machine: no local worker can resume it.
     candidates = candidates.exclude(worker_host__startswith=lifecycle.REMOTE_PREFIX)
     for run_id in candidates.values_list("pk", flat=True).distinct():
+        before: dict = {}
         try:
             with transaction.atomic():
                 run = Run.objects.select_for_update().get(pk=run_id)
                 if run.status != RunStatus.LOST or run.auto_resumes >= limit:
                     continue
-                # A run interrupted by a shutdown (webapp/runs/tasks.py) did not crash: its resume
-                # does not count against the limit of automatic resumes after a worker died.
-                interrupted = (run.error or "").startswith(lifecycle.INTERRUPTED_PREFIX)
-                if not interrupted:
-                    run.auto_resumes += 1
-                    run.save(update_fields=["auto_resumes"])
-                lifecycle.resume_run(run)
-                # The reason, in the resume's transaction: the run page never shows the run queued
-                # again without it. A savepoint: the line is a courtesy and must not undo the resume.
-                line = (
-                    "interrupted by a shutdown; resumed automatically from its checkpoint"
-                    if interrupted
-                    else "worker lost; resumed automatically from the last checkpoint "
-                    f"(attempt {run.auto_resumes} of {limit})"
-                )
-                try:
-                    with transaction.atomic():
-                        ingest.add_log_lines(run_id, [line])
-                except Exception:  # noqa: BLE001 - the log line is a courtesy
-                    log.warning("could not log the automatic resume of run %s", run_id, exc_info=True)
-        except ServiceError as exc:  # e.g. broker down: stays lost, tried again next sweep
+                before = {f: getattr(run, f) for f in _LOST_STATE}
+                _resume(run, limit)
+        except BrokerUnavailable as exc:  # raised after commit, by the publish hook
+            _keep_lost(run_id, before, exc)
+            continue
+        except ServiceError as exc:
             log.warning("automatic resume of run %s failed: %s", run_id, exc)
             continue
         resumed.append(run_id)
     return resumed
+
+
+#: What ``lifecycle._queue`` and a failed publish change on a lost run: :func:`_keep_lost` restores it.
+_LOST_STATE = (
+    "error",
+    "traceback",
+    "finished_at",
+    "queued_at",
+    "cancel_requested",
+    "attempts",
+    "task_id",
+    "auto_resumes",
+    "resume_from",
+)
+
+
+def _resume(run: Run, limit: int) -> None:
+    """Queue ``run`` (locked, lost) again and say why in its log, inside the caller's transaction."""
+    # A run interrupted by a shutdown (webapp/runs/tasks.py) did not crash: its resume does not count
+    # against the limit of automatic resumes after a worker died.
+    interrupted = (run.error or "").startswith(lifecycle.INTERRUPTED_PREFIX)
+    if not interrupted:
+        run.auto_resumes += 1
+        run.save(update_fields=["auto_resumes"])
+    lifecycle.resume_run(run)
+    # The reason, in the resume's transaction: the run page never shows the run queued again without
+    # it. A savepoint: the line is a courtesy and must not undo the resume.
+    line = (
+        "interrupted by a shutdown; resumed automatically from its checkpoint"
+        if interrupted
+        else "worker lost; resumed automatically from the last checkpoint "
+        f"(attempt {run.auto_resumes} of {limit})"
+    )
+    try:
+        with transaction.atomic():
+            ingest.add_log_lines(run.pk, [line])
+    except Exception:  # noqa: BLE001 - the log line is a courtesy
+        log.warning("could not log the automatic resume of run %s", run.pk, exc_info=True)
+
+
+def _keep_lost(run_id: int, before: dict, exc: BrokerUnavailable) -> None:
+    """Undo an automatic resume whose message never reached the broker: the run is ``lost`` again with
+    its own error and its attempt given back, and its log says why, so the next sweep resumes it."""
+    reason = str(exc).split(". The run was saved as a draft")[0]
+    log.warning("automatic resume of run %s postponed: %s", run_id, reason)
+    with transaction.atomic():
+        undone = Run.objects.filter(pk=run_id, status=RunStatus.DRAFT).update(status=RunStatus.LOST, **before)
+        if undone:
+            ingest.add_log_lines(
+                run_id, [f"automatic resume postponed, the run stays lost until the next sweep: {reason}"]
+            )
+    if undone:
+        broadcast(run_id, status_message(Run.objects.get(pk=run_id)))
 
 
 def sweep(*, auto_resume: bool | None = None) -> SweepResult:

@@ -112,3 +112,35 @@ def test_auto_resume_respects_the_limit_and_the_switch(researcher, settings):
     assert fresh.pk in res.resumed and spent.pk not in res.resumed
     assert status_of(spent.pk) == RunStatus.LOST and status_of(fresh.pk) == RunStatus.QUEUED
     assert Run.objects.get(pk=fresh.pk).auto_resumes == 1
+
+
+def test_a_broker_outage_leaves_the_run_lost_for_the_next_sweep(researcher, settings, monkeypatch):
+    """The launch path keeps a run it could not send as a draft for someone to retry; the watchdog has
+    nobody to retry it, so the run must stay lost, as it was, with its attempt not spent."""
+    from webapp.celery import app
+
+    settings.CELERY_TASK_DEFAULT_QUEUE = "watchdog-test-nobody-listens"
+    settings.GRUE_AUTO_RESUME_LIMIT = 2
+    run = _lost_run_with_checkpoint(researcher, auto_resumes=0)
+    Run.objects.filter(pk=run.pk).update(error="worker lost: no heartbeat for 300 s", attempts=1)
+    before = Run.objects.get(pk=run.pk)
+
+    monkeypatch.setattr(app.conf, "broker_url", "redis://127.0.0.1:1/0")  # nothing listens on port 1
+    assert watchdog.sweep().resumed == []
+    after = Run.objects.get(pk=run.pk)
+    assert after.status == RunStatus.LOST
+    assert (after.error, after.auto_resumes, after.attempts, after.task_id, after.resume_from) == (
+        before.error,
+        0,
+        1,
+        before.task_id,
+        before.resume_from,
+    )
+    lines = list(after.logs.order_by("pk").values_list("line", flat=True))
+    assert "automatic resume postponed" in lines[-1] and "127.0.0.1:1" in lines[-1], lines
+
+    monkeypatch.undo()  # the broker is back: the next sweep resumes it, as the first attempt
+    assert watchdog.sweep().resumed == [run.pk]
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED and run.auto_resumes == 1 and run.resume_from
+    assert "(attempt 1 of 2)" in run.logs.order_by("pk").last().line
