@@ -204,6 +204,25 @@ def test_gold_after_the_fact_scored_by_the_worker(
     assert [s["n"] for s in steps] == [2, 2, 2, 2]
     assert steps[1]["se"] == pytest.approx(0.125)  # sd of (1, 0.75) / sqrt 2
     assert (job.meta["done"], job.meta["total"]) == (4, 4)
+    # Each scored sample keeps its own gold (the stub's digit share), so the watch pairs evaluations
+    # by prompt; the final evaluation's extra prompt and the other split were not scored.
+    from webapp.runs.models import Sample
+    from webapp.runs.overopt_views import gold_scores
+
+    tags = {
+        (s.split, s.step, s.sample_id): (s.metrics or {}).get("gold:judge")
+        for s in Sample.objects.filter(run=run)
+    }
+    assert tags[("validation", 10, "0")] == 1.0 and tags[("validation", 10, "1")] == 0.75
+    assert tags[("validation", 30, "7")] is None and tags[("test", 30, "0")] is None
+    scores = gold_scores(run, "eval/gold:judge")
+    # exact: the digit shares are multiples of 1/4
+    assert scores == {
+        0: {"0": 1.0, "1": 1.0},
+        10: {"0": 1.0, "1": 0.75},
+        20: {"0": 0.5, "1": 0.5},
+        30: {"0": 0.25, "1": 0.0},
+    }
 
     # The panel picks the new gold by default: the proxy rose while it fell 3 times in a row.
     page = researcher_client.get(f"/runs/{run.pk}/").content.decode()
@@ -764,6 +783,11 @@ def test_gold_regenerated_from_each_checkpoint_by_the_worker(
         values = [s.metrics["gold:more"] for s in stored if s.step == step]
         assert sum(values) / 5 == pytest.approx(gold[step])
     assert gold_jobs.eval_steps(run.pk) == []  # never taken for evaluation generations
+    # the watch pairs the two checkpoints' golds over the prompts both were sampled on
+    from webapp.runs.overopt_views import gold_scores
+
+    scores = gold_scores(run, "eval/gold:more")
+    assert sorted(scores) == [10, 20] and sorted(scores[10]) == sorted(s.sample_id for s in stored[:5])
 
     page = researcher_client.get(f"/runs/{run.pk}/").content.decode()
     assert "re-generated on 5 prompts per checkpoint" in page

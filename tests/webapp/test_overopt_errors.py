@@ -77,39 +77,48 @@ def test_the_panel_warns_on_a_noisy_fall_only_with_errors(client: Any, researche
 
 
 @pytest.mark.django_db
-def test_stored_samples_by_prompt_pair_the_evaluations(client: Any, researcher: Any) -> None:
+@pytest.mark.parametrize("name", ["gold", "gold:judge"])
+def test_stored_samples_by_prompt_pair_the_evaluations(client: Any, researcher: Any, name: str) -> None:
     """Four prompts whose gold differs by prompt (±0.3) and drops by 0.06-0.08 on each with a little
     noise: as independent means the drop is under one standard error (the prompts' spread), paired
-    over the prompts it is far beyond two; the panel says which error it used."""
-    from webapp.runs import ingest, services
-    from webapp.runs.models import Sample
+    over the prompts it is far beyond two; the panel says which error it used. ``gold`` is a metric
+    the run logged per sample; ``gold:judge`` a gold job's, whose per-step errors are the independent
+    ones and whose per-sample gold the job stored on the samples (``gold_jobs.tag_stored``)."""
+    from webapp.runs import gold_jobs, ingest, services
+    from webapp.runs.models import Artifact, Sample
     from webapp.runs.overopt_views import gold_errors, gold_scores
 
+    key = "eval/" + name
     run = services.create_run({"name": "paired gold", "eval": {"split": "validation"}}, user=researcher)
+    if name != "gold":
+        Artifact.objects.create(
+            run=run, name="judge", kind=gold_jobs.GOLD_KIND, path="",
+            meta={"key": key, "status": "succeeded", "steps": [{"step": s, "se": 0.129} for s in STEPS]},
+        )  # fmt: skip
     prompt = (-0.3, -0.1, 0.1, 0.3)
     # per evaluation and prompt, in thousandths; each row's mean is 0, so each mean is exactly its gold
     noise = [(4, -4, -4, 4), (4, 4, -4, -4), (4, -4, 4, -4), (-4, 4, 4, -4), (-4, -4, 4, 4), (-4, 4, -4, 4)]
     points = []
     for k, (s, g, p) in enumerate(zip(STEPS, GOLD, PROXY)):
-        points += [("eval/gold", s, g), ("eval/reward_mean", s, p)]
+        points += [(key, s, g), ("eval/reward_mean", s, p)]
         for i, (a, e) in enumerate(zip(prompt, noise[k])):
             Sample.objects.create(
                 run=run, step=s, split="validation", sample_id=f"r{i}", prompt=f"p{i}",
-                generation="g", metrics={"gold": g + a + e / 1000},
+                generation="g", metrics={name: g + a + e / 1000},
             )  # fmt: skip
     ingest.ingest_metrics(run.pk, points)
-    scores = gold_scores(run, "eval/gold")
+    scores = gold_scores(run, key)
     assert sorted(scores) == STEPS and sorted(scores[10]) == ["r0", "r1", "r2", "r3"]
-    assert gold_scores(run, "gold:judge") == {}
+    assert gold_scores(run, "gold:judge") == {}  # not an evaluation key
     # independent: each mean's SE is about 0.129 (the prompts' spread), so 0.08 is under half an SE
-    assert all(v > 0.12 for v in gold_errors(run, "eval/gold").values())
+    assert all(v > 0.12 for v in gold_errors(run, key).values())
     client.force_login(researcher)
-    html = client.get(f"/runs/{run.pk}/").content.decode()
+    html = client.get(f"/runs/{run.pk}/?gold={key}").content.decode()
     # paired, by hand: step 10 minus step 50 per prompt = 0.08 + (8, 0, 0, -8)/1000: sd 0.0065320,
     # SE 0.0032660, z = 0.08 / 0.0032660 = 24.5 (steps 20..40: 18.4, 15.3, 15.2)
     assert 'id="overopt-warning"' in html
     assert "more than 2 standard errors of the paired per-prompt differences below its best (step 10)" in html
     assert "at 4 consecutive evaluations (steps 20–50; −0.08, 24.5 SE at step 50)" in html
     Sample.objects.filter(run=run).update(sample_id="")  # the same scores without ids: not paired
-    html = client.get(f"/runs/{run.pk}/").content.decode()
+    html = client.get(f"/runs/{run.pk}/?gold={key}").content.decode()
     assert 'id="overopt-warning"' not in html and "nor stayed more than 2 standard errors" in html

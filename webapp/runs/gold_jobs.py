@@ -693,12 +693,14 @@ def paired_samples(run: Run) -> dict[int, list[Sample]]:
 class Batch:
     """One point's generations to score. ``checkpoint`` names the checkpoint they were re-generated
     from (they are then stored as the run's samples, with the masking of an NLPO policy recorded);
-    empty for the stored evaluation generations."""
+    empty for the stored evaluation generations, whose rows (``rows``, ``Sample`` ids) then get their
+    per-sample gold (:func:`tag_stored`)."""
 
     prompts: list[str]
     generations: list[str]
     references: list[list[str]]
     sample_ids: list[str] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
     checkpoint: str = ""
     masking: str = ""
     masking_note: str = ""
@@ -734,6 +736,8 @@ def _work(run: Run, meta: Mapping[str, Any]) -> list[tuple[int, Produce]]:
             [s.prompt for s in samples],
             [s.generation for s in samples],
             [list(s.references or []) for s in samples],
+            [s.sample_id for s in samples],
+            rows=[s.pk for s in samples],
         )
 
     return [(step, stored(samples)) for step, samples in sorted(paired_samples(run).items())]
@@ -818,6 +822,8 @@ def _store_step(
         with transaction.atomic():
             if batch.checkpoint:
                 store_regenerated(job.run_id, job.name, step, batch, values)
+            elif batch.rows:
+                tag_stored(job.name, batch.rows, values)
             ingest.ingest_metrics(job.run_id, points, returning=False)
             if not _update(job.pk, task_id, **progress):
                 raise _Superseded
@@ -850,6 +856,24 @@ def store_regenerated(run_id: int, label: str, step: int, batch: Batch, values: 
         )
     ]
     return len(Sample.objects.bulk_create(rows, batch_size=500))
+
+
+def tag_stored(label: str, rows: list[int], values: list[float]) -> int:
+    """Give each scored evaluation sample its gold as ``metrics["gold:<label>"]``, as a re-generated
+    sample has it: the watch then compares two evaluations of the job's gold over the prompts they
+    share (``overopt_views.gold_scores``), and the samples table shows the gold beside the other
+    per-sample metrics. A step scored again overwrites its values. Call it inside a transaction.
+    Returns the number of rows tagged."""
+    tag = SAMPLE_KEY_PREFIX + label
+    by_pk = Sample.objects.select_for_update().in_bulk(rows)
+    changed = []
+    for pk, value in zip(rows, values, strict=False):
+        sample = by_pk.get(pk)
+        if sample is not None:
+            sample.metrics = {**(sample.metrics or {}), tag: clean_float(value)}
+            changed.append(sample)
+    Sample.objects.bulk_update(changed, ["metrics"], batch_size=500)
+    return len(changed)
 
 
 def masking_summary(steps: list[Mapping[str, Any]], notes: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -191,12 +191,19 @@ def gold_errors(run: Run, gold_key: str, rows: list[tuple[int, str, Any]] | None
 
 
 def eval_sample_rows(run: Run, gold_key: str) -> list[tuple[int, str, Any]]:
-    """``(step, sample_id, score)`` of the stored evaluation samples scored for an ``eval/`` key: one
-    query for both the per-step errors and the per-prompt scores."""
+    """``(step, sample_id, score)`` of the samples scored for an ``eval/`` key: one query for both the
+    per-step errors and the per-prompt scores. A gold job's key (``eval/gold:<label>``) reads the
+    per-sample gold the job stored: on the evaluation samples, or on the samples it re-generated from
+    the checkpoints (``gold_jobs.REGEN_SPLIT``)."""
     if not gold_key.startswith("eval/"):
         return []
     name = gold_key.removeprefix("eval/")
-    rows = Sample.objects.filter(run_id=run.pk, split=gold_jobs.eval_split(run), metrics__has_key=name)
+    split = gold_jobs.eval_split(run)
+    if name.startswith(gold_jobs.SAMPLE_KEY_PREFIX):
+        for job in gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND):
+            if (job.meta or {}).get("key") == gold_key and (job.meta or {}).get("prompts"):
+                split = gold_jobs.REGEN_SPLIT
+    rows = Sample.objects.filter(run_id=run.pk, split=split, metrics__has_key=name)
     return [(st, sid, m.get(name)) for st, sid, m in rows.values_list("step", "sample_id", "metrics")]
 
 
@@ -206,7 +213,8 @@ def gold_scores(
     """Each evaluation's per-sample gold by prompt (``sample_id``), so that the below-the-best rule
     compares two evaluations over the prompts they share (``engine.overopt.difference_error``): a
     run's evaluations score the same prompts, and the paired difference has no share of the prompts'
-    own spread. Empty for golds without stored per-sample scores (a gold job's, a campaign's)."""
+    own spread. Empty for golds without stored per-sample scores (a campaign's, a gold job's that
+    predates per-sample tags)."""
     rows = eval_sample_rows(run, gold_key) if rows is None else rows
     return overopt.group_scores(r for r in rows if r[1])
 
