@@ -29,7 +29,7 @@ from django.db import close_old_connections, connection, transaction
 from webapp.runs import gold_jobs, ingest, lifecycle
 from webapp.runs.broadcast import broadcast
 from webapp.runs.errors import BrokerUnavailable, ServiceError
-from webapp.runs.models import Run, RunStatus
+from webapp.runs.models import Run, RunLog, RunStatus
 from webapp.runs.protocol import status_message
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,12 @@ def auto_resume_lost_runs(limit: int | None = None) -> list[int]:
                 if run.status != RunStatus.LOST or run.auto_resumes >= limit:
                     continue
                 before = {f: getattr(run, f) for f in _LOST_STATE}
+                logged = (
+                    RunLog.objects.filter(run_id=run_id).order_by("-pk").values_list("pk", flat=True).first()
+                )
                 _resume(run, limit)
         except BrokerUnavailable as exc:  # raised after commit, by the publish hook
-            _keep_lost(run_id, before, exc)
+            _keep_lost(run_id, before, logged or 0, exc)
             continue
         except ServiceError as exc:
             log.warning("automatic resume of run %s failed: %s", run_id, exc)
@@ -122,17 +125,25 @@ def _resume(run: Run, limit: int) -> None:
         log.warning("could not log the automatic resume of run %s", run.pk, exc_info=True)
 
 
-def _keep_lost(run_id: int, before: dict, exc: BrokerUnavailable) -> None:
+POSTPONED = "automatic resume postponed, the run stays lost until the next sweep"
+
+
+def _keep_lost(run_id: int, before: dict, logged: int, exc: BrokerUnavailable) -> None:
     """Undo an automatic resume whose message never reached the broker: the run is ``lost`` again with
-    its own error and its attempt given back, and its log says why, so the next sweep resumes it."""
+    its own error and its attempt given back, the resume's log line (after log row ``logged``) goes,
+    and its log says why, so the next sweep resumes it."""
     reason = str(exc).split(". The run was saved as a draft")[0]
     log.warning("automatic resume of run %s postponed: %s", run_id, reason)
     with transaction.atomic():
         undone = Run.objects.filter(pk=run_id, status=RunStatus.DRAFT).update(status=RunStatus.LOST, **before)
         if undone:
-            ingest.add_log_lines(
-                run_id, [f"automatic resume postponed, the run stays lost until the next sweep: {reason}"]
-            )
+            RunLog.objects.filter(
+                run_id=run_id, pk__gt=logged, line__contains="resumed automatically"
+            ).delete()
+        last = RunLog.objects.filter(run_id=run_id).order_by("-pk").values_list("line", flat=True).first()
+        # Once per outage, not once per sweep (every GRUE_WATCH_INTERVAL seconds while it lasts).
+        if undone and not (last or "").startswith(POSTPONED):
+            ingest.add_log_lines(run_id, [f"{POSTPONED}: {reason}"])
     if undone:
         broadcast(run_id, status_message(Run.objects.get(pk=run_id)))
 

@@ -138,6 +138,11 @@ def test_a_broker_outage_leaves_the_run_lost_for_the_next_sweep(researcher, sett
     )
     lines = list(after.logs.order_by("pk").values_list("line", flat=True))
     assert "automatic resume postponed" in lines[-1] and "127.0.0.1:1" in lines[-1], lines
+    assert not any("resumed automatically" in line for line in lines), lines  # it was not
+    # the next sweeps of the same outage try again and leave it as it is, without a line each
+    assert watchdog.sweep().resumed == [] and watchdog.sweep().resumed == []
+    assert Run.objects.get(pk=run.pk).status == RunStatus.LOST
+    assert [line for line in after.logs.values_list("line", flat=True) if "postponed" in line] == lines[-1:]
 
     monkeypatch.undo()  # the broker is back: the next sweep resumes it, as the first attempt
     assert watchdog.sweep().resumed == [run.pk]
