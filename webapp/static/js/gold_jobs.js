@@ -3,7 +3,7 @@
 // job ends, reload the page so the panel shows the new gold (selected) or the export's links. A gold
 // job's cancel and retry buttons (and a failed export's retry) ask for confirmation first; a job being
 // cancelled is polled until it stops, and a job that ends failed or cancelled reloads the page so its
-// retry button shows.
+// retry button shows. The reload waits while the researcher is clicking or typing.
 (function () {
   "use strict";
   const table = document.getElementById("gold-jobs");
@@ -16,6 +16,26 @@
 
   // Set once a confirmed form is being sent: its response (a redirect) wins over the poll's reload.
   let submitting = false;
+
+  // The page is reloaded (or switched to a new gold) when a job ends. Not under the researcher's
+  // hand: while a pointer is pressed, or within a second of a press or a key, the reload waits
+  // (data-reload="deferred" on the panel), so a click being made lands on the page it was aimed at.
+  const QUIET_MS = 1000;
+  let pressed = false;
+  let lastInput = 0;
+  document.addEventListener("pointerdown", function () { pressed = true; lastInput = Date.now(); }, true);
+  document.addEventListener("pointerup", function () { pressed = false; lastInput = Date.now(); }, true);
+  document.addEventListener("pointercancel", function () { pressed = false; }, true);
+  document.addEventListener("keydown", function () { lastInput = Date.now(); }, true);
+  function whenQuiet(go) {
+    if (submitting) return;
+    if (pressed || Date.now() - lastInput < QUIET_MS) {
+      panel.dataset.reload = "deferred";
+      setTimeout(function () { whenQuiet(go); }, 250);
+      return;
+    }
+    go();
+  }
 
   // A job's state-changing form is sent only once the researcher confirms (verb, job, what follows).
   function confirmFirst(selector, verb, what, consequence) {
@@ -80,9 +100,11 @@
         if (finishedGold) {
           const params = new URLSearchParams(window.location.search);
           params.set("gold", finishedGold);
-          window.location.assign(window.location.pathname + "?" + params.toString() + "#overopt-panel");
+          whenQuiet(function () {
+            window.location.assign(window.location.pathname + "?" + params.toString() + "#overopt-panel");
+          });
         } else if (endedOther) {
-          window.location.reload();
+          whenQuiet(function () { window.location.reload(); });
         } else {
           setTimeout(poll, 1000);
         }
