@@ -9,6 +9,8 @@ import math
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 #: Past its peak at step 10 the gold falls with noise: never two falls in a row.
 STEPS = [0, 10, 20, 30, 40, 50]
@@ -16,6 +18,11 @@ GOLD = [0.50, 0.52, 0.46, 0.47, 0.45, 0.44]
 PROXY = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
 #: Four samples per evaluation at mean ± 0.01 (two each side): sd 0.011547, SE 0.0057735.
 SPREAD = (-0.01, -0.01, 0.01, 0.01)
+
+
+def _reads_jobs_of(sql: str, run_id: int) -> bool:
+    """Whether ``sql`` is a read of one run's gold/export jobs (``gold_jobs.jobs_of``)."""
+    return sql.startswith("SELECT") and '"runs_artifact"' in sql and f'"run_id" = {run_id}' in sql
 
 
 def _noisy_run(user: Any = None, samples: bool = True) -> Any:
@@ -113,7 +120,12 @@ def test_stored_samples_by_prompt_pair_the_evaluations(client: Any, researcher: 
     # independent: each mean's SE is about 0.129 (the prompts' spread), so 0.08 is under half an SE
     assert all(v > 0.12 for v in gold_errors(run, key).values())
     client.force_login(researcher)
-    html = client.get(f"/runs/{run.pk}/?gold={key}").content.decode()
+    with CaptureQueriesContext(connection) as queries:
+        html = client.get(f"/runs/{run.pk}/?gold={key}").content.decode()
+    # the panel reads the run's gold jobs once per view and hands them to every helper (errors, where
+    # the job's per-sample tags live, its re-generated table); the stale-job sweep is a separate query
+    job_reads = [q["sql"] for q in queries.captured_queries if _reads_jobs_of(q["sql"], run.pk)]
+    assert len(job_reads) == 1, job_reads
     # paired, by hand: step 10 minus step 50 per prompt = 0.08 + (8, 0, 0, -8)/1000: sd 0.0065320,
     # SE 0.0032660, z = 0.08 / 0.0032660 = 24.5 (steps 20..40: 18.4, 15.3, 15.2)
     assert 'id="overopt-warning"' in html

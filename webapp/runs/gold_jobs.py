@@ -216,6 +216,13 @@ def jobs_of(run: Run, kind: str | None = None) -> list[Artifact]:
     return list(qs.order_by("id"))
 
 
+def job_with_key(jobs: Sequence[Artifact], gold_key: str) -> Artifact | None:
+    """The gold job among ``jobs`` (a run's :func:`jobs_of`) whose metric is ``gold_key``: a label is
+    unique per run, so there is at most one. The run page looks it up once per view and hands it to
+    every helper that needs it (its errors, where its per-sample tags live, its re-generated table)."""
+    return next((j for j in jobs if j.kind == GOLD_KIND and (j.meta or {}).get("key") == gold_key), None)
+
+
 def job_json(job: Artifact) -> dict[str, Any]:
     """What the run page shows of a job (no server paths of other runs, nothing secret)."""
     m = job.meta or {}
@@ -886,14 +893,15 @@ def masking_summary(steps: list[Mapping[str, Any]], notes: Mapping[str, str]) ->
     return [{"masking": k, "note": notes.get(k, k), "steps": v} for k, v in sorted(by.items())]
 
 
-def regenerated_for(run: Run, gold_key: str) -> dict[str, Any] | None:
+def regenerated_for(run: Run, gold_key: str, jobs: Sequence[Artifact] | None = None) -> dict[str, Any] | None:
     """:func:`regenerated_table` of the run's re-generating gold job whose metric is ``gold_key`` (the
-    gold the panel shows), or None when that gold was not re-generated."""
-    for job in jobs_of(run, GOLD_KIND):
-        m = job.meta or {}
-        if m.get("key") == gold_key and m.get("prompts"):
-            return regenerated_table(run.pk, job.name, m.get("steps") or [])
-    return None
+    gold the panel shows), or None when that gold was not re-generated. ``jobs``: the run's
+    :func:`jobs_of`, when the caller has it already."""
+    job = job_with_key(jobs_of(run, GOLD_KIND) if jobs is None else jobs, gold_key)
+    m = (job.meta or {}) if job is not None else {}
+    if job is None or not m.get("prompts"):
+        return None
+    return regenerated_table(run.pk, job.name, m.get("steps") or [])
 
 
 def regenerated_table(

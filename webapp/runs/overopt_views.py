@@ -21,7 +21,7 @@ Everything shown is escaped by the templates; numbers go to the charts through `
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -32,7 +32,7 @@ from django.urls import reverse
 from engine import overopt
 from engine.rewards.rubric import DETAIL_PREFIX, RubricError, parse_rubric
 from webapp.runs import extensions, gold_jobs
-from webapp.runs.models import MetricPoint, Run, Sample
+from webapp.runs.models import Artifact, MetricPoint, Run, Sample
 
 register = template.Library()
 
@@ -170,39 +170,49 @@ def pick_default_gold(choices: list[str], jobs: list[dict[str, Any]]) -> str:
     return overopt.GOLD_KEY
 
 
-def gold_errors(run: Run, gold_key: str, rows: list[tuple[int, str, Any]] | None = None) -> dict[int, float]:
+def gold_errors(
+    run: Run,
+    gold_key: str,
+    rows: list[tuple[int, str, Any]] | None = None,
+    jobs: Sequence[Artifact] | None = None,
+) -> dict[int, float]:
     """Each step's standard error of the gold, for the watch's below-the-best rule: a gold job's own
     per-step errors when the key is a job's, else the sample standard deviation / √n of the stored
     evaluation samples' per-sample scores (``eval/<name>`` is ``metrics[<name>]`` of a sample, as in
     ``engine.overopt.sample_errors``). Empty for golds without per-sample scores (a human campaign's
-    ratings): the rule then does not run."""
-    for job in reversed(gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND)):
-        m = job.meta or {}
-        if m.get("key") == gold_key:
-            return {
-                int(e["step"]): float(e["se"])
-                for e in m.get("steps") or []
-                if isinstance(e.get("se"), int | float) and math.isfinite(e["se"])
-            }
+    ratings): the rule then does not run. ``jobs``: the run's ``gold_jobs.jobs_of``, when the caller
+    has it already (the run page reads them once per view)."""
+    jobs = gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND) if jobs is None else jobs
+    job = gold_jobs.job_with_key(jobs, gold_key)
+    if job is not None:
+        return {
+            int(e["step"]): float(e["se"])
+            for e in (job.meta or {}).get("steps") or []
+            if isinstance(e.get("se"), int | float) and math.isfinite(e["se"])
+        }
     if not gold_key.startswith("eval/"):
         return {}
-    rows = eval_sample_rows(run, gold_key) if rows is None else rows
+    rows = eval_sample_rows(run, gold_key, jobs) if rows is None else rows
     return {step: se for step, (_n, se) in overopt.step_errors((st, v) for st, _sid, v in rows).items()}
 
 
-def eval_sample_rows(run: Run, gold_key: str) -> list[tuple[int, str, Any]]:
+def eval_sample_rows(
+    run: Run, gold_key: str, jobs: Sequence[Artifact] | None = None
+) -> list[tuple[int, str, Any]]:
     """``(step, sample_id, score)`` of the samples scored for an ``eval/`` key: one query for both the
     per-step errors and the per-prompt scores. A gold job's key (``eval/gold:<label>``) reads the
     per-sample gold the job stored: on the evaluation samples, or on the samples it re-generated from
-    the checkpoints (``gold_jobs.REGEN_SPLIT``)."""
+    the checkpoints (``gold_jobs.REGEN_SPLIT``). ``jobs`` as in :func:`gold_errors`."""
     if not gold_key.startswith("eval/"):
         return []
     name = gold_key.removeprefix("eval/")
     split = gold_jobs.eval_split(run)
     if name.startswith(gold_jobs.SAMPLE_KEY_PREFIX):
-        for job in gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND):
-            if (job.meta or {}).get("key") == gold_key and (job.meta or {}).get("prompts"):
-                split = gold_jobs.REGEN_SPLIT
+        job = gold_jobs.job_with_key(
+            gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND) if jobs is None else jobs, gold_key
+        )
+        if job is not None and (job.meta or {}).get("prompts"):
+            split = gold_jobs.REGEN_SPLIT
     rows = Sample.objects.filter(run_id=run.pk, split=split, metrics__has_key=name)
     return [(st, sid, m.get(name)) for st, sid, m in rows.values_list("step", "sample_id", "metrics")]
 
@@ -220,13 +230,19 @@ def gold_scores(
 
 
 def watch_of(
-    run: Run, series: Mapping[str, Mapping[int, float]], gold_key: str, falls: int
+    run: Run,
+    series: Mapping[str, Mapping[int, float]],
+    gold_key: str,
+    falls: int,
+    jobs: Sequence[Artifact] | None = None,
 ) -> dict[str, Any]:
-    """The watch of one run as template context (and the chart's data)."""
+    """The watch of one run as template context (and the chart's data). ``jobs``: the run's gold
+    jobs when the caller has read them (one query per view, not one per helper)."""
     proxy_key, proxy = overopt.pick_proxy(series)
     ckpts = {c.step: c.path for c in gold_jobs.existing_checkpoints(run.pk)[0]}  # not the pruned ones
-    rows = eval_sample_rows(run, gold_key)
-    errors, scores = gold_errors(run, gold_key, rows), gold_scores(run, gold_key, rows)
+    jobs = gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND) if jobs is None else jobs
+    rows = eval_sample_rows(run, gold_key, jobs)
+    errors, scores = gold_errors(run, gold_key, rows, jobs), gold_scores(run, gold_key, rows)
     w = overopt.watch(
         series.get(gold_key) or {}, proxy, series.get(overopt.KL_KEY), ckpts, falls, errors, scores=scores
     )
@@ -246,7 +262,8 @@ def overopt_context(run: Run, request: HttpRequest | None) -> dict[str, Any] | N
     evaluation metric, no evaluation generations, no checkpoint)."""
     choices = eval_keys([run.pk])
     gold_jobs.fail_stale_jobs(run_ids=[run.pk])  # a job whose worker died shows as failed
-    jobs = [gold_jobs.job_json(j) for j in gold_jobs.jobs_of(run)]
+    artifacts = gold_jobs.jobs_of(run)  # read once: the helpers below take them
+    jobs = [gold_jobs.job_json(j) for j in artifacts]
     ckpts, pruned = gold_jobs.existing_checkpoints(run.pk)
     has_evals = bool(gold_jobs.eval_steps(run.pk)) if not choices else True
     sources = extensions.gold_sources(run)
@@ -270,8 +287,8 @@ def overopt_context(run: Run, request: HttpRequest | None) -> dict[str, Any] | N
         "pruned": [c.step for c in pruned],
     }
     if ctx["has_gold"]:
-        ctx.update(watch_of(run, series, gold_key, falls))
-    ctx["regenerated"] = gold_jobs.regenerated_for(run, gold_key)
+        ctx.update(watch_of(run, series, gold_key, falls, artifacts))
+    ctx["regenerated"] = gold_jobs.regenerated_for(run, gold_key, artifacts)
     exports = {j["step"]: j for j in jobs if j["kind"] == gold_jobs.EXPORT_KIND}
     gold_at = series.get(gold_key) or {}
     best = ctx.get("watch").best_checkpoint if ctx.get("watch") is not None else None
