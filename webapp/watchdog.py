@@ -140,10 +140,10 @@ def _keep_lost(run_id: int, before: dict, logged: int, exc: BrokerUnavailable) -
             RunLog.objects.filter(
                 run_id=run_id, pk__gt=logged, line__contains="resumed automatically"
             ).delete()
-        last = RunLog.objects.filter(run_id=run_id).order_by("-pk").values_list("line", flat=True).first()
-        # Once per outage, not once per sweep (every GRUE_WATCH_INTERVAL seconds while it lasts).
-        if undone and not (last or "").startswith(POSTPONED):
-            ingest.add_log_lines(run_id, [f"{POSTPONED}: {reason}"])
+            last = RunLog.objects.filter(run_id=run_id).order_by("-pk").values_list("line", flat=True).first()
+            # Once per outage, not once per sweep (every GRUE_WATCH_INTERVAL seconds while it lasts).
+            if not (last or "").startswith(POSTPONED):
+                ingest.add_log_lines(run_id, [f"{POSTPONED}: {reason}"])
     if undone:
         broadcast(run_id, status_message(Run.objects.get(pk=run_id)))
 

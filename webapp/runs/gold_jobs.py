@@ -216,10 +216,12 @@ def jobs_of(run: Run, kind: str | None = None) -> list[Artifact]:
     return list(qs.order_by("id"))
 
 
-def job_with_key(jobs: Sequence[Artifact], gold_key: str) -> Artifact | None:
-    """The gold job among ``jobs`` (a run's :func:`jobs_of`) whose metric is ``gold_key``: a label is
-    unique per run, so there is at most one. The run page looks it up once per view and hands it to
-    every helper that needs it (its errors, where its per-sample tags live, its re-generated table)."""
+def job_with_key(run: Run, gold_key: str, jobs: Sequence[Artifact] | None = None) -> Artifact | None:
+    """The run's gold job whose metric is ``gold_key`` (a label is unique per run, so at most one),
+    found in ``jobs`` (the run's :func:`jobs_of`) when the caller has read them: the run page reads
+    them once per view and hands them to every helper that needs the job (its errors, where its
+    per-sample tags live, its re-generated table)."""
+    jobs = jobs_of(run, GOLD_KIND) if jobs is None else jobs
     return next((j for j in jobs if j.kind == GOLD_KIND and (j.meta or {}).get("key") == gold_key), None)
 
 
@@ -897,7 +899,7 @@ def regenerated_for(run: Run, gold_key: str, jobs: Sequence[Artifact] | None = N
     """:func:`regenerated_table` of the run's re-generating gold job whose metric is ``gold_key`` (the
     gold the panel shows), or None when that gold was not re-generated. ``jobs``: the run's
     :func:`jobs_of`, when the caller has it already."""
-    job = job_with_key(jobs_of(run, GOLD_KIND) if jobs is None else jobs, gold_key)
+    job = job_with_key(run, gold_key, jobs)
     m = (job.meta or {}) if job is not None else {}
     if job is None or not m.get("prompts"):
         return None

@@ -182,8 +182,7 @@ def gold_errors(
     ``engine.overopt.sample_errors``). Empty for golds without per-sample scores (a human campaign's
     ratings): the rule then does not run. ``jobs``: the run's ``gold_jobs.jobs_of``, when the caller
     has it already (the run page reads them once per view)."""
-    jobs = gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND) if jobs is None else jobs
-    job = gold_jobs.job_with_key(jobs, gold_key)
+    job = gold_jobs.job_with_key(run, gold_key, jobs)
     if job is not None:
         return {
             int(e["step"]): float(e["se"])
@@ -208,9 +207,7 @@ def eval_sample_rows(
     name = gold_key.removeprefix("eval/")
     split = gold_jobs.eval_split(run)
     if name.startswith(gold_jobs.SAMPLE_KEY_PREFIX):
-        job = gold_jobs.job_with_key(
-            gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND) if jobs is None else jobs, gold_key
-        )
+        job = gold_jobs.job_with_key(run, gold_key, jobs)
         if job is not None and (job.meta or {}).get("prompts"):
             split = gold_jobs.REGEN_SPLIT
     rows = Sample.objects.filter(run_id=run.pk, split=split, metrics__has_key=name)
@@ -240,7 +237,7 @@ def watch_of(
     jobs when the caller has read them (one query per view, not one per helper)."""
     proxy_key, proxy = overopt.pick_proxy(series)
     ckpts = {c.step: c.path for c in gold_jobs.existing_checkpoints(run.pk)[0]}  # not the pruned ones
-    jobs = gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND) if jobs is None else jobs
+    jobs = gold_jobs.jobs_of(run, gold_jobs.GOLD_KIND) if jobs is None else jobs  # read once for both
     rows = eval_sample_rows(run, gold_key, jobs)
     errors, scores = gold_errors(run, gold_key, rows, jobs), gold_scores(run, gold_key, rows)
     w = overopt.watch(
