@@ -167,8 +167,8 @@ def test_left_right_randomisation_is_recorded_and_mapped():
     sides = []
     while (a := assignment.next_item(camp, u)) is not None:
         shown = assignment.display_item(a)
-        # No system ids shown. The token is random letters and digits, which spell "pos" about once
-        # in a hundred runs of this loop, so it is checked for what it is and left out of the search.
+        # No system ids shown. The token is 32 random letters and digits: one of them spells "pos" in
+        # about one run of this test in forty (200 tokens), so it is checked for what it is and left out.
         assert shown["token"] == a.token
         visible = {k: v for k, v in shown.items() if k != "token"}
         assert "pos" not in json.dumps(visible) or "pos" in a.item.prompt
