@@ -216,3 +216,39 @@ def _perturb(lm, scale: float, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
         for p in lm.parameters():
             p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+def _top_p_by_full_sort(logits: torch.Tensor, top_p: float, min_keep: int) -> torch.Tensor:
+    """The rule written out on a full sort of the vocabulary: kept when the mass ranked above < top_p."""
+    ranked, order = torch.sort(logits, dim=-1, descending=True)
+    cum = torch.exp(ranked - torch.logsumexp(logits, -1, keepdim=True)).cumsum(-1)
+    above = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], dim=-1)
+    keep = above < top_p
+    keep[..., :min_keep] = True
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def test_top_p_set_by_hand():
+    # probabilities 0.5, 0.3, 0.15, 0.05 (shuffled in the vocabulary): the masses ranked above are 0, 0.5,
+    # 0.8, 0.95, so p 0.45 keeps one token, 0.6 two, 0.81 three, and 1.0 all four
+    logits = torch.tensor([[0.15, 0.5, 0.05, 0.3]]).log()
+    for p, kept in ((0.45, [1]), (0.6, [1, 3]), (0.81, [0, 1, 3]), (1.0, [0, 1, 2, 3])):
+        assert top_p_keep(logits, p, 1)[0].nonzero().flatten().tolist() == kept, p
+    assert top_p_keep(logits, 0.45, 3)[0].nonzero().flatten().tolist() == [0, 1, 3]  # min_keep
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 3.0, 10.0])
+def test_top_p_set_from_a_slice_equals_the_full_sort(scale):
+    # GPT-2's vocabulary, flat to peaked rows: the set is found in a top-k slice grown until every row's
+    # cut lies inside it (from 1 to ~42,000 tokens here, so every growth path and the full-sort fallback
+    # run), and must be the full sort's set exactly; a row with banned (-inf) tokens included. Float64:
+    # 50,257 float32 normals hold equal values, and which of two tied tokens at the cut a sort keeps is
+    # arbitrary
+    g = torch.Generator().manual_seed(int(scale * 10))
+    logits = torch.randn(6, 50257, generator=g, dtype=torch.float64) * scale
+    logits[0, :20000] = float("-inf")
+    for p in (0.05, 0.3, 0.9, 0.99):
+        for min_keep in (1, 100, 5000):
+            got = top_p_keep(logits, p, min_keep)
+            assert torch.equal(got, _top_p_by_full_sort(logits, p, min_keep)), (p, min_keep)
+            assert int(got.sum(-1).min()) >= min_keep
