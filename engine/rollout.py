@@ -20,6 +20,7 @@ attention mask, so left padding would shift every position of a short prompt).
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -126,8 +127,9 @@ def top_p_keep(logits: torch.Tensor, top_p: float, min_keep: int = 1) -> torch.T
         if k == v or not bool(keep_sorted[..., -1].any()):
             break
         # every token left has at most the slice's last probability: at least this many more are needed
-        short = ((top_p - cum[..., -1]) / torch.exp(top[..., -1] - lse[..., 0])).max()
-        k = max(4 * k, int(1.25 * (k + float(short))) + 1)
+        # (none can be told when that probability is 0, a banned token kept by min_keep: sort)
+        short = float(((top_p - cum[..., -1]) / torch.exp(top[..., -1] - lse[..., 0])).max())
+        k = max(4 * k, int(1.25 * (k + short)) + 1) if math.isfinite(short) else v
     keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
     keep.scatter_(-1, idx, keep_sorted)
     return keep

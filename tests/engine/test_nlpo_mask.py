@@ -252,3 +252,15 @@ def test_top_p_set_from_a_slice_equals_the_full_sort(scale):
             got = top_p_keep(logits, p, min_keep)
             assert torch.equal(got, _top_p_by_full_sort(logits, p, min_keep)), (p, min_keep)
             assert int(got.sum(-1).min()) >= min_keep
+
+
+def test_top_p_set_of_rows_with_banned_tokens_and_min_keep_past_them():
+    # top-p after top-k (the sampler's order): 40 finite logits, the rest -inf. min_keep 300 keeps banned
+    # tokens in the slice, whose last probability is then 0; the set is still the full sort's.
+    g = torch.Generator().manual_seed(3)
+    logits = torch.full((4, 50257), float("-inf"), dtype=torch.float64)
+    logits[:, :40] = torch.randn(4, 40, generator=g, dtype=torch.float64)
+    for p, min_keep in ((0.5, 1), (0.999999, 1), (0.5, 300), (0.999999, 300)):
+        got = top_p_keep(logits, p, min_keep)
+        assert torch.equal(got, _top_p_by_full_sort(logits, p, min_keep)), (p, min_keep)
+        assert int(got[:, 40:].sum(-1).max()) == max(0, min_keep - 40)  # banned tokens only by min_keep
