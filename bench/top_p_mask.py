@@ -1,8 +1,11 @@
 """Benchmark the top-p set (NLPO's mask, the sampler's top-p): ``rollout.top_p_keep`` against the
-same rule on a full sort of the vocabulary (what it replaced), on rows from peaked to flat.
+full sort of the vocabulary it replaced (that code's arithmetic: a softmax of the sorted row), on rows
+from peaked to flat.
 
-Not a test (tests/engine/test_nlpo_mask.py checks the two give the same set). One thread by default,
-as the engine half of the suite runs; results in docs/benchmarks.md ("Test suite").
+Not a test. tests/engine/test_nlpo_mask.py checks the slice against the same rule on a full sort with
+its own arithmetic (bit for bit); against the replaced code's arithmetic a token at the cut can differ
+at rounding level. One thread by default, as the engine half of the suite runs; results in
+docs/benchmarks.md ("Test suite").
 
 Usage:
   python bench/top_p_mask.py                 # 32 x 50,257 logits (GPT-2's vocabulary), one thread
