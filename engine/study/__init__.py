@@ -60,6 +60,8 @@ from engine.study.report import (
     curves,
     markdown_report,
     results_table,
+    run_rows,
+    runs_markdown,
     write_report,
 )
 from engine.study.runner import Job, cpu_model, fmt_seconds, machine_record, run_job, run_state, run_study
@@ -107,6 +109,8 @@ __all__ = [
     "read_jsonl",
     "read_reference",
     "results_table",
+    "run_rows",
+    "runs_markdown",
     "run_job",
     "run_key",
     "run_state",

@@ -84,7 +84,76 @@ def results_table(study: dict[str, Any]) -> dict[str, Any]:
         "n_runs": len(study["runs"]),
         "expected_runs": expected,
         "complete": len(study["runs"]) >= expected,
+        "runs": run_rows(study),
     }
+
+
+def run_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where, when and how fast each finished run was made. Why: the grid is run in pieces on whatever
+    machine a sitting gets, so a reader needs each run's CPU and precision beside its timings (which
+    compare only within one machine) instead of a narrative of sittings."""
+    rows = []
+    for r in study["runs"]:
+        res = r["result"]
+        machine = res.get("machine") or {}
+        iter_s = []
+        if r.get("dir") is not None:
+            iter_s = [v for _s, v in curve_points(Path(r["dir"])).get("time/iteration_s", [])]
+        rows.append(
+            {
+                "key": r["key"],
+                "cell": r["cell"],
+                "seed": r["seed"],
+                "cpu": machine.get("cpu"),
+                "gpu": machine.get("gpu"),
+                "native_bf16": machine.get("native_bf16"),
+                "precision": machine.get("mixed_precision"),
+                "engine_commit": machine.get("engine_commit"),
+                "train_s": res.get("train_s"),
+                "test_eval_s": res.get("test_eval_s"),
+                "iterations": len(iter_s),
+                "mean_iteration_s": sum(iter_s) / len(iter_s) if iter_s else None,
+                "finished_at": res.get("finished_at"),
+            }
+        )
+    return rows
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    minutes = round(seconds / 60)
+    if minutes < 1:
+        return f"{seconds:.0f} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+_PRECISION = {"no": "fp32", None: "—"}
+
+
+def runs_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The report's provenance table: one line per finished run (see :func:`run_rows`)."""
+    lines = [
+        "### Runs",
+        "",
+        "Where each finished run was made. Timings compare only within one machine: the grid ran in "
+        "pieces on 2-core VMs whose speed differed by up to 2× between sittings.",
+        "",
+        "| run | machine | precision | training | RL iteration (mean × count) | test evaluation | finished (UTC) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        where = r["gpu"] or r["cpu"] or "—"
+        if r["native_bf16"] is not None and not r["gpu"]:
+            where += ", native bf16" if r["native_bf16"] else ", no native bf16"
+        per_iter = f"{r['mean_iteration_s']:.0f} s × {r['iterations']}" if r["mean_iteration_s"] else "—"
+        finished = (r["finished_at"] or "—").replace("T", " ").removesuffix("Z")[:16]
+        lines.append(
+            f"| {ALGORITHM_LABELS.get(r['cell'], r['cell'])}, seed {r['seed']} | {where} | "
+            f"{_PRECISION.get(r['precision'], r['precision'])} | {_duration(r['train_s'])} | {per_iter} | "
+            f"{_duration(r['test_eval_s'])} | {finished} |"
+        )
+    return lines
 
 
 def curves(study: dict[str, Any]) -> dict[str, Any]:
@@ -208,6 +277,8 @@ def markdown_report(table: dict[str, Any], claims: list[dict[str, Any]], figures
         "supported at this scale* when one counts against it, *inconclusive* otherwise (within noise, or "
         "fewer than two seeds). Two standard errors over three seeds is a coarse rule, not a significance test."
     )
+    if table.get("runs"):
+        lines += ["", *runs_markdown(table["runs"])]
     return "\n".join(lines) + "\n"
 
 

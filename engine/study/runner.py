@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
 import traceback
@@ -106,6 +107,31 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def engine_commit() -> str | None:
+    """The git commit of the engine that made a run, ``+changes`` when ``engine/`` differs from it, or
+    None outside a git checkout (an installed wheel). Why: runs of one study span days of commits, and a
+    result should say which code made it, not leave it to the commit log's dates."""
+    root = Path(engine.__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "engine"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}+changes" if changed else head or None
+
+
 def machine_record(cfg: dict[str, Any]) -> dict[str, Any]:
     """Where and how a run was made: runs of one study made on different machines are compared, so each
     result says its CPU, whether bf16 is native there, the precision it ran in, threads and versions."""
@@ -121,6 +147,7 @@ def machine_record(cfg: dict[str, Any]) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "engine_commit": engine_commit(),
     }
 
 

@@ -34,8 +34,10 @@ from engine.study import (
     read_jsonl,
     read_reference,
     results_table,
+    run_rows,
     run_state,
     run_study,
+    runs_markdown,
     verdicts,
     write_report,
 )
@@ -177,6 +179,17 @@ def test_report_has_every_cell_curves_images_and_honest_verdicts(interrupted_the
     filled = doc.read_text()
     assert "old" not in filled and filled.startswith("# title") and filled.endswith("tail\n")
     assert "| Supervised + NLPO | 1 |" in filled and "reproduction/reward.svg" in filled
+    # provenance: a line per run with its machine and timings; the RL cells' two iterations are counted
+    runs = {r["key"]: r for r in table["runs"]}
+    assert list(runs) == [f"{c}-seed0" for c in CELLS]
+    assert [runs[f"{c}-seed0"]["iterations"] for c in CELLS] == [0, 0, 2, 2, 2, 2]
+    assert all(r["precision"] == "no" and r["train_s"] >= 0 and r["finished_at"] for r in runs.values())
+    assert "### Runs" in filled and "| PPO, seed 0 | " in filled and " × 2 | " in filled
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+    )
+    commit = runs["ppo-seed0"]["engine_commit"]
+    assert commit.startswith(head.stdout.strip()) if head.returncode == 0 else commit is None
 
 
 def test_export_is_compact_and_reads_back(interrupted_then_resumed, tmp_path):
@@ -426,6 +439,32 @@ def test_a_partial_study_is_reported_as_partial():
     assert results_table(full)["complete"] and "Partial" not in markdown_report(
         {**results_table(full), "budget": budget}, verdicts(results_table(full)), {}
     )
+
+
+def test_the_runs_table_names_machine_precision_and_timings():
+    """The report's provenance lines, from what each run's result.json recorded: minutes as hours and
+    minutes, fp32 for ``mixed_precision: no``, the mean RL iteration, a run without a machine record shown
+    with dashes rather than dropped."""
+    study = _study({"zero_shot": [(0.50, 38.5)], "ppo": [(0.60, 39.0)]})
+    study["runs"][1]["result"].update(
+        train_s=5960.4,
+        test_eval_s=692.5,
+        finished_at="2026-12-05T00:43:21Z",
+        machine={"cpu": "AMD EPYC", "gpu": None, "native_bf16": False, "mixed_precision": "no"},
+    )
+    rows = run_rows(study)
+    assert [r["key"] for r in rows] == ["zero_shot-seed0", "ppo-seed0"]
+    lines = runs_markdown(rows)
+    assert "| Zero-shot, seed 0 | — | — | — | — | — | — |" in lines
+    assert (
+        "| PPO, seed 0 | AMD EPYC, no native bf16 | fp32 | 1 h 39 min | — | 12 min | 2026-12-05 00:43 |"
+        in lines
+    )
+    table = results_table(study)
+    md = markdown_report(
+        {**table, "budget": {"name": "small", "description": "d", "test_prompts": 500}}, [], {}
+    )
+    assert md.rstrip().endswith(lines[-1])
 
 
 def test_small_budget_configs_are_valid_and_share_the_evaluation():
