@@ -20,6 +20,7 @@ sample has a finite value; NaN would break JSON consumers of per-sample rows).
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -217,6 +218,10 @@ class PolicyPerplexity(Metric):
         cfg = lm.config
         limit = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None) or 1024
         window = int(self.max_length or min(int(limit), 1024))
+        # Only the scored positions need logits: with RL4LMs's stride of half the window that halves the
+        # LM head's work and, with logsumexp in place of a full log-softmax, drops a window x vocabulary
+        # tensor (200 MB for SmolLM2's 49k tokens); 14 % faster on SmolLM2 (docs/benchmarks.md).
+        trims = "logits_to_keep" in inspect.signature(lm.forward).parameters
         total, end = 0.0, 0
         with torch.no_grad():
             for i in range(0, n, self.stride):
@@ -224,11 +229,15 @@ class PolicyPerplexity(Metric):
                 end = min(i + self.stride, n)
                 trg_len = end - i  # may be shorter than the stride on the last window
                 x = ids[:, begin:end].to(device)
-                logp = torch.log_softmax(lm(input_ids=x).logits.float()[0, :-1], dim=-1)
-                nll = -logp.gather(-1, x[0, 1:, None]).squeeze(-1)
-                scored = nll[-trg_len:] if trg_len < x.shape[1] else nll  # the first token has no context
+                k = min(trg_len, x.shape[1] - 1)  # tokens scored: the first token has no context
+                if k < 1:
+                    continue
+                kw = {"logits_to_keep": k + 1} if trims else {}
+                logits = lm(input_ids=x, **kw).logits[0, -(k + 1) : -1].float()
+                target = x[0, -k:, None]
+                nll = torch.logsumexp(logits, dim=-1) - logits.gather(-1, target).squeeze(-1)
                 # RL4LMs multiplies the window's mean NLL by trg_len (HF's recipe): kept as is.
-                total += float(scored.mean()) * trg_len if scored.numel() else 0.0
+                total += float(nll.mean()) * trg_len
         return math.exp(total / end) if end else math.nan
 
     def _seq2seq(self, lm: Any, tok: Any, device: Any, prompts: list[str], refs: list[list[str]]) -> float:

@@ -54,6 +54,32 @@ def test_policy_perplexity_is_rl4lms_sliding_window_on_references(make_policy):
     assert metrics.get("causal_perplexity") is metrics.get("perplexity")
 
 
+class _NoTrimming(torch.nn.Module):
+    """A causal LM whose forward takes no ``logits_to_keep`` (a wrapper, an older model class)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm, self.config = lm, lm.config
+
+    def forward(self, input_ids):
+        return self.lm(input_ids=input_ids)
+
+
+@pytest.mark.parametrize("stride,window", [(3, 16), (8, 16), (16, 16), (5, 7), (512, 1024)])
+def test_policy_perplexity_matches_the_recipe_with_and_without_logit_trimming(make_policy, stride, window):
+    """Windows that overlap by any amount, a last window shorter than the stride, a single window that
+    holds the whole text: the value is HF's labels-and-loss recipe whether the model computes logits for
+    the scored positions only (``logits_to_keep``) or for every position."""
+    policy, tok = make_policy("causal")
+    flat = [r for refs in REFS for r in refs]
+    expected = _hand_rl4lms(policy.lm, tok, flat, stride, window)
+    for lm in (policy.lm, _NoTrimming(policy.lm)):
+        m = metrics.build("perplexity", stride=stride, max_length=window)
+        m.bind_policy(lm, False, tok, torch.device("cpu"))
+        value = m.compute(["p1", "p2", "p3"], ["a", "b", "c"], REFS, None)["fluency_metrics/perplexity"][1]
+        assert value == pytest.approx(expected, rel=1e-5)
+
+
 def test_policy_perplexity_follows_the_policy_through_evaluation(make_policy):
     """Scored through the evaluation's metric set: it is the evaluated policy's, so it moves with it."""
     from engine.data.base import Sample
