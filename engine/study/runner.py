@@ -109,17 +109,20 @@ def cpu_model() -> str:
 
 def engine_commit() -> str | None:
     """The git commit of the engine that made a run, ``+changes`` when ``engine/`` differs from it, or
-    None outside a git checkout (an installed wheel). Why: runs of one study span days of commits, and a
-    result should say which code made it, not leave it to the commit log's dates."""
+    None outside this project's checkout (an installed wheel, even one inside another repository's
+    virtualenv). Why: runs of one study span days of commits, and a result should say which code made
+    it, not leave it to the commit log's dates."""
     root = Path(engine.__file__).resolve().parent.parent
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+        top, head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel", "--short=12", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
-        ).stdout.strip()
+        ).stdout.split()
+        if Path(top).resolve() != root:
+            return None
         changed = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--", "engine"],
             capture_output=True,
@@ -127,9 +130,9 @@ def engine_commit() -> str | None:
             timeout=10,
             check=True,
         ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
-    return f"{head}+changes" if changed else head or None
+    return f"{head}+changes" if changed else head
 
 
 def machine_record(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ checkpoint, the report has every cell and honest verdicts), not the paper's clai
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -439,6 +440,41 @@ def test_a_partial_study_is_reported_as_partial():
     assert results_table(full)["complete"] and "Partial" not in markdown_report(
         {**results_table(full), "budget": budget}, verdicts(results_table(full)), {}
     )
+
+
+def test_engine_commit_is_this_checkouts_or_none(tmp_path, monkeypatch):
+    """A run records the commit of the checkout its engine was imported from (``+changes`` when
+    ``engine/`` differs from it), and nothing when the engine is not at a repository's top level, e.g. an
+    installed wheel in a virtualenv that lives inside some other repository."""
+    import engine
+    from engine.study.runner import engine_commit
+
+    def git(*args: str, cwd: Path) -> str:
+        env = {
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        }
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True, env=env)
+        return out.stdout.strip()
+
+    checkout = tmp_path / "checkout"
+    (checkout / "engine").mkdir(parents=True)
+    (checkout / "engine" / "__init__.py").write_text("")
+    git("init", "-q", cwd=checkout)
+    git("add", ".", cwd=checkout)
+    git("commit", "-q", "-m", "x", cwd=checkout)
+    monkeypatch.setattr(engine, "__file__", str(checkout / "engine" / "__init__.py"))
+    head = git("rev-parse", "--short=12", "HEAD", cwd=checkout)
+    assert engine_commit() == head
+    (checkout / "engine" / "__init__.py").write_text("# edited\n")
+    assert engine_commit() == f"{head}+changes"
+    wheel = checkout / "venv" / "site-packages"
+    (wheel / "engine").mkdir(parents=True)
+    monkeypatch.setattr(engine, "__file__", str(wheel / "engine" / "__init__.py"))
+    assert engine_commit() is None
 
 
 def test_the_runs_table_names_machine_precision_and_timings():
