@@ -220,7 +220,7 @@ class PolicyPerplexity(Metric):
         window = int(self.max_length or min(int(limit), 1024))
         # Only the scored positions need logits: with RL4LMs's stride of half the window that halves the
         # LM head's work and, with logsumexp in place of a full log-softmax, drops a window x vocabulary
-        # tensor (200 MB for SmolLM2's 49k tokens); 14 % faster on SmolLM2 (docs/benchmarks.md).
+        # tensor (200 MB for SmolLM2's 49k tokens); 10-20 % faster on SmolLM2 (docs/benchmarks.md).
         trims = "logits_to_keep" in inspect.signature(lm.forward).parameters
         total, end = 0.0, 0
         with torch.no_grad():
