@@ -54,8 +54,9 @@ DOC_START = "<!-- study:results:start -->"
 DOC_END = "<!-- study:results:end -->"
 
 
-def results_table(study: dict[str, Any]) -> dict[str, Any]:
-    """Per cell and test metric: mean, std over seeds, n and the per-seed values."""
+def results_table(study: dict[str, Any], points: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per cell and test metric: mean, std over seeds, n and the per-seed values; ``points`` as for
+    :func:`run_rows`."""
     cells: dict[str, Any] = {}
     for cell in study["meta"]["cells"]:
         runs = [r for r in study["runs"] if r["cell"] == cell]
@@ -84,21 +85,26 @@ def results_table(study: dict[str, Any]) -> dict[str, Any]:
         "n_runs": len(study["runs"]),
         "expected_runs": expected,
         "complete": len(study["runs"]) >= expected,
-        "runs": run_rows(study),
+        "runs": run_rows(study, points),
     }
 
 
-def run_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
+def run_points(study: dict[str, Any]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """Every finished run's metric series by run key, read once for the curves and the runs table."""
+    return {r["key"]: curve_points(Path(r["dir"])) for r in study["runs"] if r.get("dir") is not None}
+
+
+def run_rows(study: dict[str, Any], points: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Where, when and how fast each finished run was made. Why: the grid is run in pieces on whatever
     machine a sitting gets, so a reader needs each run's CPU and precision beside its timings (which
-    compare only within one machine) instead of a narrative of sittings."""
+    compare only within one machine) instead of a narrative of sittings. ``points``: the runs' series
+    (:func:`run_points`), read here when not given."""
+    points = run_points(study) if points is None else points
     rows = []
     for r in study["runs"]:
         res = r["result"]
         machine = res.get("machine") or {}
-        iter_s = []
-        if r.get("dir") is not None:
-            iter_s = [v for _s, v in curve_points(Path(r["dir"])).get("time/iteration_s", [])]
+        iter_s = [v for _s, v in points.get(r["key"], {}).get("time/iteration_s", [])]
         rows.append(
             {
                 "key": r["key"],
@@ -136,8 +142,7 @@ def runs_markdown(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "### Runs",
         "",
-        "Where each finished run was made. Timings compare only within one machine: the grid ran in "
-        "pieces on 2-core VMs whose speed differed by up to 2× between sittings.",
+        "Where each finished run was made. Timings compare only within one machine.",
         "",
         "| run | machine | precision | training | RL iteration (mean × count) | test evaluation | finished (UTC) |",
         "|---|---|---|---|---|---|---|",
@@ -156,10 +161,11 @@ def runs_markdown(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def curves(study: dict[str, Any]) -> dict[str, Any]:
-    """Per curve metric and cell: steps, mean, std and n over seeds, and the per-seed series."""
+def curves(study: dict[str, Any], points: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per curve metric and cell: steps, mean, std and n over seeds, and the per-seed series;
+    ``points`` as for :func:`run_rows`."""
     out: dict[str, Any] = {}
-    per_run = {r["key"]: curve_points(r["dir"]) for r in study["runs"]}
+    per_run = run_points(study) if points is None else points
     for key, title, _stem in CURVES:
         by_cell: dict[str, Any] = {}
         for cell in study["meta"]["cells"]:
@@ -290,8 +296,9 @@ def write_report(out: str | Path, docs: str | Path | None = None) -> dict[str, A
         raise StudyError(f"{out}: no finished run yet (each run writes {RESULT_FILE} when evaluated)")
     rep = Path(out) / "report"
     rep.mkdir(parents=True, exist_ok=True)
-    table = results_table(study)
-    curve_data = curves(study)
+    points = run_points(study)
+    table = results_table(study, points)
+    curve_data = curves(study, points)
     claims = verdicts(table)
     (rep / "results.json").write_text(json.dumps({**table, "verdicts": claims}, indent=2))
     (rep / "curves.json").write_text(json.dumps(curve_data, indent=2))

@@ -113,23 +113,18 @@ def engine_commit() -> str | None:
     virtualenv). Why: runs of one study span days of commits, and a result should say which code made
     it, not leave it to the commit log's dates."""
     root = Path(engine.__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+        )
+        return done.stdout
+
     try:
-        top, head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--show-toplevel", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.split()
+        top, head = git("rev-parse", "--show-toplevel", "--short=12", "HEAD").split()
         if Path(top).resolve() != root:
             return None
-        changed = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--", "engine"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        changed = git("status", "--porcelain", "--", "engine").strip()
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     return f"{head}+changes" if changed else head
