@@ -29,6 +29,19 @@ class EventSink(Protocol):
 
     def failed(self, error: str, traceback: str) -> None: ...
 
+    def flush(self) -> None:
+        """Block until every event so far is durably stored (or journaled to disk).
+
+        The trainer calls it before a checkpoint becomes the one a resume starts from: a process killed
+        right after publishing checkpoint N must not have lost step N's metrics, since the resumed run
+        starts at N + 1 and never reports N again. Optional for third-party sinks (``MultiSink`` skips
+        a sink without it)."""
+        ...
+
+
+# Methods a sink may lack: MultiSink skips such a sink for them instead of failing.
+OPTIONAL_METHODS = frozenset({"flush"})
+
 
 class NullSink:
     """Ignores everything; the base class for sinks that only care about some events."""
@@ -57,6 +70,9 @@ class NullSink:
     def failed(self, error: str, traceback: str) -> None:
         pass
 
+    def flush(self) -> None:
+        pass
+
 
 class MultiSink(NullSink):
     """Fans every event out to several sinks in order."""
@@ -74,6 +90,8 @@ class MultiSink(NullSink):
 
             def fan(*args: Any, **kwargs: Any) -> None:
                 for s in sinks:
+                    if name in OPTIONAL_METHODS and not hasattr(s, name):
+                        continue
                     getattr(s, name)(*args, **kwargs)
 
             return fan

@@ -226,6 +226,8 @@ class RemoteSink(NullSink):
         self._cond = threading.Condition()
         self._closing = False
         self._spool: Path | None = Path(spool_dir) if spool_dir else None
+        self._seals_wanted = 0  # flush() requests; the sender thread seals and counts them in _sealed
+        self._sealed = 0
         self._thread = threading.Thread(target=self._run, name=f"remote-sink-{run_id}", daemon=True)
         self._thread.start()
 
@@ -276,6 +278,23 @@ class RemoteSink(NullSink):
             {"type": "_status", "status": "failed", "error": str(error)[:10000], "traceback": str(traceback)}
         )
 
+    def flush(self, timeout: float = 60.0) -> None:
+        """Journal every event emitted so far to the outbox file; does not wait for the server.
+
+        The trainer calls it before publishing a checkpoint: if this process dies after that, the
+        checkpoint's steps are on disk (``engine push`` delivers them) instead of lost in memory. The
+        sender thread seals (so batch numbers stay in one thread); it does so between two sends, so
+        this waits at most for one request in flight (the client's timeout) and never for an outage."""
+        with self._cond:
+            if self._spool is None:
+                return  # nothing durable to write to: delivery stays best effort
+            self._seals_wanted += 1
+            wanted = self._seals_wanted
+            self._cond.notify_all()
+            self._cond.wait_for(
+                lambda: self._sealed >= wanted or self._stop or not self._thread.is_alive(), timeout
+            )
+
     def close(self, timeout: float | None = 600.0) -> int:
         """Send everything still buffered (waiting up to ``timeout`` s); returns how many batches are
         left undelivered (kept in the outbox file)."""
@@ -298,6 +317,7 @@ class RemoteSink(NullSink):
         with self._cond:
             events, self._pending = self._pending, []
             spool = self._spool
+            wanted = self._seals_wanted
         items: list[dict[str, Any]] = []
         run: list[dict[str, Any]] = []
         for ev in [*events, {"type": "_end"}]:
@@ -327,6 +347,9 @@ class RemoteSink(NullSink):
             except OSError as exc:  # a full disk must not stop training; memory still holds them
                 print(f"remote: could not write the outbox in {spool}: {exc}", file=self.err)
         self._outbox.extend(items)
+        with self._cond:
+            self._sealed = max(self._sealed, wanted)
+            self._cond.notify_all()
 
     def _ack(self, item: dict[str, Any]) -> None:
         self.sent += 1
@@ -408,7 +431,7 @@ class RemoteSink(NullSink):
         warned = False
         while True:
             with self._cond:
-                if not self._closing and not self._stop:
+                if not self._closing and not self._stop and self._seals_wanted <= self._sealed:
                     wait = self.max_delay
                     if self._outbox and retry_at > time.monotonic():
                         wait = min(wait, retry_at - time.monotonic())
@@ -418,6 +441,8 @@ class RemoteSink(NullSink):
                 return
             self._seal()
             while self._outbox and time.monotonic() >= retry_at:
+                if self._seals_wanted > self._sealed:
+                    self._seal()  # a flush() waits: journal its events before the next send
                 item = self._outbox[0]
                 try:
                     self._send(item)

@@ -479,6 +479,9 @@ class Trainer:
         with writing(final, "the checkpoint", partial=tmp):  # a full disk says so; no partial files
             tmp.mkdir()
             self._write_checkpoint(tmp, phase, policy_state, optimizer_state, sft_state)
+        # Everything reported up to here is stored before this checkpoint can be resumed from: a resume
+        # starts after its step, so a step whose metrics were still queued would be missing for good.
+        self.events.flush()
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
         pointer_tmp = ck_root / ".latest.json"

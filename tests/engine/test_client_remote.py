@@ -200,3 +200,37 @@ def test_an_idle_sink_keeps_the_run_alive_with_empty_batches(asgi_server, resear
     sink = RemoteSink(client, run["id"], max_delay=0.05, heartbeat_s=0.2)
     wait_for(lambda: Run.objects.get(pk=run["id"]).heartbeat_at > old, timeout=30, what="a heartbeat batch")
     assert sink.close(timeout=10) == 0 and sink.sent >= 1 and not sink.rejected
+
+
+def test_flush_journals_to_the_outbox_without_waiting_for_the_server(asgi_server, researcher, tmp_path):
+    """The trainer flushes before publishing a checkpoint. A remote sink cannot wait for the server (an
+    outage must not stop training), so its flush writes what was emitted to the outbox: a process
+    killed right after the checkpoint has those steps on disk, and ``engine push`` delivers them. The
+    sink here would otherwise seal nothing for an hour."""
+    from engine.cli import main
+    from engine.client import Client
+    from engine.jsonl import read_jsonl
+    from engine.remote import RemoteSink, outbox_path, start_remote_run
+    from webapp.api.auth import create_token
+    from webapp.runs.models import MetricPoint
+
+    token = create_token(researcher, "t")[1]
+    run = start_remote_run(Client(asgi_server.url, token), {**CONFIG, "name": "flushed"})
+    dead = Client(f"http://127.0.0.1:{free_port()}", token)  # the dashboard is unreachable
+    sink = RemoteSink(dead, run["id"], max_delay=3600, max_backoff=0.2)
+    sink.run_started(CONFIG, str(tmp_path))
+    for step in (1, 2):
+        sink.metrics(step, {"train/reward_mean": step / 10})
+    sink.flush()
+    journaled = [
+        (ev["step"], ev["values"]["train/reward_mean"])
+        for item in read_jsonl(outbox_path(tmp_path / "remote", run["id"]))
+        for ev in item.get("events", [])
+        if ev["type"] == "metrics"
+    ]
+    assert journaled == [(1, 0.1), (2, 0.2)]
+    # The process "dies" here (its sender never reaches the server); push delivers the journal.
+    assert main(["push", str(tmp_path), "--report-to", asgi_server.url, "--token", token]) == 0
+    stored = sorted(MetricPoint.objects.filter(run_id=run["id"]).values_list("step", "value"))
+    assert stored == [(1, 0.1), (2, 0.2)]
+    sink.close(timeout=0.5)

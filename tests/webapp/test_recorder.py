@@ -6,6 +6,7 @@ Transactional tests: the recorder's thread only sees committed rows.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from channels.layers import get_channel_layer
 
 import engine
+from engine.events import MultiSink, NullSink
 from tests.helpers import tiny_run_config
 from webapp.runs import ingest, protocol, queries
 from webapp.runs.models import MetricPoint, MetricRollup, Run, RunLog, Sample, group_name
@@ -106,6 +108,31 @@ def test_a_flush_with_changing_key_sets_stores_every_point_once():
         ("c", 1, 21.0), ("c", 2, 22.0),
     ]  # fmt: skip
     assert sink.flushes == 1 and sink.points_stored == 9
+
+
+def test_a_published_checkpoint_has_every_step_before_it_stored(tmp_path: Path):
+    """The CI race this guards: a worker killed just after checkpoint N became the resume point, with
+    step N's metrics still queued, lost step N for good (the resumed run starts at N + 1). The recorder
+    here holds events for an hour, so without the trainer's flush before publishing a checkpoint no
+    point would be stored when the checkpoint appears; each checkpoint event arrives after its pointer
+    is written, and at that moment the database must hold every step up to it."""
+    run = Run.objects.create(name="durable", config={}, status="running")
+    cfg = tiny_run_config(3, "durable", save_every=1)
+    cfg["train"]["output_dir"] = str(tmp_path / "run")
+    seen: dict[int, list[int]] = {}
+
+    class AtPublication(NullSink):
+        def checkpoint(self, step: int, path: str) -> None:
+            pointer = json.loads((tmp_path / "run" / "checkpoints" / "latest.json").read_text())
+            assert pointer["name"] == Path(path).name  # published: a resume would start after ``step``
+            seen[step] = sorted(
+                MetricPoint.objects.filter(run=run, key="train/reward_mean").values_list("step", flat=True)
+            )
+
+    recorder = Recorder(run.pk, batch_points=10**9, max_delay=3600)
+    engine.train(cfg, sink=MultiSink(recorder, AtPublication()))
+    recorder.close()
+    assert seen == {1: [1], 2: [1, 2], 3: [1, 2, 3]}
 
 
 def test_resume_that_re_executes_steps_stores_samples_and_log_lines_once(tmp_path: Path):
