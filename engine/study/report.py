@@ -276,6 +276,8 @@ def markdown_report(table: dict[str, Any], claims: list[dict[str, Any]], figures
             )
         if c.get("note"):
             lines.append(f"- {c['note']}")
+        if c.get("why"):
+            lines.append(f"- {c['why']}")
         lines.append("")
     lines.append(
         "Rule: a comparison counts when the difference of the seed means exceeds two standard errors of the "

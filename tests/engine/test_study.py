@@ -42,6 +42,7 @@ from engine.study import (
     verdicts,
     write_report,
 )
+from engine.study.verdicts import seeds_to_resolve
 
 CELLS = STUDIES["grue-imdb"].cells
 ROOT = Path(__file__).resolve().parents[2]
@@ -318,6 +319,57 @@ def test_verdict_rules_on_seed_bands():
     assert verdicts(_table(flipped))[2]["verdict"] == "not supported at this scale"
     noisy = {**rl_wins, "nlpo": (0.40, 0.62, 0.85)}
     assert verdicts(_table(noisy))[2]["verdict"] == "inconclusive"
+
+
+@pytest.mark.parametrize(
+    ("diff", "std_a", "std_b", "seeds"), [(0.012, 0.02, 0.01, 14), (0.009, 0.029, 0.010, 47)]
+)
+def test_seeds_to_resolve_is_the_first_seed_count_at_which_compare_decides(diff, std_a, std_b, seeds):
+    """n > 4 (s_a² + s_b²) / d²: by hand 4 * 0.0005 / 0.000144 = 13.9 -> 14, and 4 * 0.000941 / 0.000081
+    = 46.5 -> 47 (the grid's NLPO and PPO spreads against the paper's NLPO - PPO). At that count the rule
+    decides the difference; one seed fewer it does not."""
+    assert seeds_to_resolve(diff, std_a, std_b) == seeds
+    at = compare(_two_cells(0.5 + diff, std_a, seeds, 0.5, std_b, seeds), "a", "b", SENTIMENT)
+    below = compare(_two_cells(0.5 + diff, std_a, seeds - 1, 0.5, std_b, seeds - 1), "a", "b", SENTIMENT)
+    assert (at["outcome"], below["outcome"]) == ("better", "within noise")
+    assert seeds_to_resolve(0.0, 0.1, 0.1) is None and seeds_to_resolve(0.01, None, 0.1) is None
+
+
+def test_a_claim_that_does_not_hold_says_its_likely_reason_with_numbers():
+    """Claim 2 failing on perplexity names each RL cell's rise beside the paper's and, from the budget, the
+    Adam steps and drift against RL4LMs's; claim 3 undecided names the paper's own differences and the
+    seeds they would need; a supported claim carries no reason."""
+    wins = {
+        "zero_shot": (0.40, 0.41, 0.42),
+        "supervised": (0.50, 0.51, 0.52),
+        "ppo": (0.60, 0.62, 0.64),
+        "nlpo": (0.58, 0.63, 0.68),  # NLPO - PPO +0.01, two SE ~ 0.065: within noise
+        "supervised_ppo": (0.70, 0.71, 0.72),
+        "supervised_nlpo": (0.70, 0.71, 0.72),
+    }
+    ppl = {"zero_shot": 30.0, "supervised": 28.0, "ppo": 36.0, "nlpo": 33.0, "supervised_ppo": 29.4}
+    table = {**_table(wins, ppl=ppl), "budget": BUDGETS["small"].to_dict()}
+    c1, c2, c3 = verdicts(table)
+    assert (c1["verdict"], c1.get("why")) == ("supported", None)
+    assert c2["verdict"] == "not supported at this scale"
+    # PPO 36 / 30 = +20.0 % (the paper's 33.82 / 32.17 = +5.1 %), NLPO +10.0 % (+5.2 %); Supervised + PPO
+    # 29.4 / 28 = +5.0 % over Supervised (the paper's 35.05 / 35.47 = -1.2 %), 29.4 / 30 = -2.0 % over Zero-shot
+    for part in (
+        "PPO +20.0% over Zero-shot (the paper's +5.1%)",
+        "NLPO +10.0% over Zero-shot (the paper's +5.2%)",
+        "Supervised + PPO +5.0% over Supervised (the paper's -1.2%), -2.0% over Zero-shot",
+    ):
+        assert part in c2["why"], c2["why"]
+    # small: 40 iterations x 4 epochs x 32 / 8 minibatches = 640 steps at 1e-5; drift 1e-5 sqrt(640) /
+    # (1e-6 sqrt(5000)) = 3.58
+    assert "640 Adam steps at 10× RL4LMs's learning rate" in c2["why"] and "≈ 3.6× RL4LMs's" in c2["why"]
+    assert c3["verdict"] == "inconclusive"
+    assert "NLPO − PPO: the paper's +0.009" in c3["why"] and "seeds per cell would resolve" in c3["why"]
+    assert "Supervised + NLPO − Supervised + PPO: the paper's -0.006" in c3["why"]
+    assert "the paper's own numbers go the other way" in c3["why"]
+    full = {**table, "cells": {}, "study": "grue-imdb", "n_runs": 18, "expected_runs": 18, "complete": True}
+    md = markdown_report(full, [c1, c2, c3], {})
+    assert md.count("- Likely reason:") == 2
 
 
 def _two_cells(mean_a: float, std_a: float, n_a: int, mean_b: float, std_b: float, n_b: int) -> dict:
