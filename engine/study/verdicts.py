@@ -130,8 +130,7 @@ def difference_why(comparisons: list[dict[str, Any]], cells: dict[str, Any]) -> 
         if c.get("outcome") == "better" or c["a"] not in PAPER_IMDB or c["b"] not in PAPER_IMDB:
             continue
         paper = PAPER_IMDB[c["a"]][0] - PAPER_IMDB[c["b"]][0]
-        sa = cells.get(c["a"], {}).get("metrics", {}).get(SENTIMENT, {}).get("std")
-        sb = cells.get(c["b"], {}).get("metrics", {}).get(SENTIMENT, {}).get("std")
+        sa, sb = _std(cells, c["a"]), _std(cells, c["b"])
         text = f"{ALGORITHM_LABELS[c['a']]} − {ALGORITHM_LABELS[c['b']]}: the paper's {paper:+.3f}"
         if "two_se" in c:
             text += f", two standard errors here {c['two_se']:.3f}"
@@ -143,11 +142,28 @@ def difference_why(comparisons: list[dict[str, Any]], cells: dict[str, Any]) -> 
         parts.append(text)
     if not parts:
         return None
-    return (
+    wider = [
+        f"{ALGORITHM_LABELS[c['a']]} {sa:.3f} against {ALGORITHM_LABELS[c['b']]} {sb:.3f}"
+        for c in comparisons
+        for sa, sb in [(_std(cells, c["a"]), _std(cells, c["b"]))]
+        if sa is not None and sb is not None and sa > sb
+    ]
+    text = (
         "Likely reason: the differences the paper reports are small against this grid's seed spread; "
         + "; ".join(parts)
         + "."
     )
+    if wider:
+        text += (
+            " The stability half goes the other way too: NLPO's seeds spread wider ("
+            + "; ".join(wider)
+            + ")."
+        )
+    return text
+
+
+def _std(cells: dict[str, Any], cell: str) -> float | None:
+    return cells.get(cell, {}).get("metrics", {}).get(SENTIMENT, {}).get("std")
 
 
 def verdicts(table: dict[str, Any]) -> list[dict[str, Any]]:

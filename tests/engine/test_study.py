@@ -367,6 +367,9 @@ def test_a_claim_that_does_not_hold_says_its_likely_reason_with_numbers():
     assert "NLPO − PPO: the paper's +0.009" in c3["why"] and "seeds per cell would resolve" in c3["why"]
     assert "Supervised + NLPO − Supervised + PPO: the paper's -0.006" in c3["why"]
     assert "the paper's own numbers go the other way" in c3["why"]
+    # NLPO's seeds (sd 0.05) spread wider than PPO's (0.02); the warm-started pair is level (0.01 each)
+    assert "NLPO's seeds spread wider (NLPO 0.050 against PPO 0.020)" in c3["why"], c3["why"]
+    assert "Supervised + NLPO 0.010 against" not in c3["why"]
     full = {**table, "cells": {}, "study": "grue-imdb", "n_runs": 18, "expected_runs": 18, "complete": True}
     md = markdown_report(full, [c1, c2, c3], {})
     assert md.count("- Likely reason:") == 2
