@@ -206,6 +206,45 @@ def _cell_value(entry: dict[str, Any] | None, digits: int) -> str:
     return f"{_fmt(entry['mean'], digits)} ± {std}"
 
 
+def verdict_lines(claims: list[dict[str, Any]]) -> list[str]:
+    """Each claim's verdict, the comparisons that decided it, its seed spreads, note and likely reason, as
+    Markdown lines. Apart from the report's table so each piece stays short enough to read at once."""
+    lines: list[str] = []
+    for i, c in enumerate(claims, 1):
+        lines.append(f"**Claim {i}: {c['claim']}** — **{c['verdict']}**.")
+        for comp in c["comparisons"]:
+            if "rise" in comp:
+                lines.append(
+                    f"- {ALGORITHM_LABELS[comp['cell']]} perplexity {_fmt(comp['ppl'], 2)} vs Zero-shot "
+                    f"{_fmt(comp['ppl_zero_shot'], 2)} ({comp['rise']:+.1%}): {comp['outcome']}"
+                )
+            elif "diff" in comp:
+                noise = f", 2 SE {_fmt(comp['two_se'])}" if "two_se" in comp else ""
+                lines.append(
+                    f"- {ALGORITHM_LABELS[comp['a']]} − {ALGORITHM_LABELS[comp['b']]} sentiment "
+                    f"{comp['diff']:+.3f}{noise}: {comp['outcome']}"
+                )
+            else:
+                names = [
+                    ALGORITHM_LABELS.get(x, str(x))
+                    for x in (comp.get("cell"), comp.get("a"), comp.get("b"))
+                    if x
+                ]
+                who = " vs ".join(names)
+                lines.append(f"- {who}: {comp['outcome']}")
+        for s in c.get("stability", []):
+            lines.append(
+                f"- seed std of sentiment: {ALGORITHM_LABELS[s['a']]} {_fmt(s['std_a'])}, "
+                f"{ALGORITHM_LABELS[s['b']]} {_fmt(s['std_b'])}"
+            )
+        if c.get("note"):
+            lines.append(f"- {c['note']}")
+        if c.get("why"):
+            lines.append(f"- {c['why']}")
+        lines.append("")
+    return lines
+
+
 def markdown_report(table: dict[str, Any], claims: list[dict[str, Any]], figures: dict[str, str]) -> str:
     """The results section of docs/reproduction.md: table, paper numbers, figures, verdicts."""
     b = table["budget"]
@@ -247,38 +286,7 @@ def markdown_report(table: dict[str, Any], claims: list[dict[str, Any]], figures
         if stem in figures:
             lines.append(f"![{title}]({figures[stem]})")
     lines += ["", "### Verdicts", ""]
-    for i, c in enumerate(claims, 1):
-        lines.append(f"**Claim {i}: {c['claim']}** — **{c['verdict']}**.")
-        for comp in c["comparisons"]:
-            if "rise" in comp:
-                lines.append(
-                    f"- {ALGORITHM_LABELS[comp['cell']]} perplexity {_fmt(comp['ppl'], 2)} vs Zero-shot "
-                    f"{_fmt(comp['ppl_zero_shot'], 2)} ({comp['rise']:+.1%}): {comp['outcome']}"
-                )
-            elif "diff" in comp:
-                noise = f", 2 SE {_fmt(comp['two_se'])}" if "two_se" in comp else ""
-                lines.append(
-                    f"- {ALGORITHM_LABELS[comp['a']]} − {ALGORITHM_LABELS[comp['b']]} sentiment "
-                    f"{comp['diff']:+.3f}{noise}: {comp['outcome']}"
-                )
-            else:
-                names = [
-                    ALGORITHM_LABELS.get(x, str(x))
-                    for x in (comp.get("cell"), comp.get("a"), comp.get("b"))
-                    if x
-                ]
-                who = " vs ".join(names)
-                lines.append(f"- {who}: {comp['outcome']}")
-        for s in c.get("stability", []):
-            lines.append(
-                f"- seed std of sentiment: {ALGORITHM_LABELS[s['a']]} {_fmt(s['std_a'])}, "
-                f"{ALGORITHM_LABELS[s['b']]} {_fmt(s['std_b'])}"
-            )
-        if c.get("note"):
-            lines.append(f"- {c['note']}")
-        if c.get("why"):
-            lines.append(f"- {c['why']}")
-        lines.append("")
+    lines += verdict_lines(claims)
     lines.append(
         "Rule: a comparison counts when the difference of the seed means exceeds two standard errors of the "
         "difference (Welch); a claim is *supported* when all its comparisons count in its direction, *not "
