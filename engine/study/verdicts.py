@@ -155,7 +155,7 @@ def difference_why(comparisons: list[dict[str, Any]], cells: dict[str, Any]) -> 
     )
     if wider:
         text += (
-            " The stability half goes the other way too: NLPO's seeds spread wider ("
+            " The stability half goes against the claim: NLPO's seeds spread wider ("
             + "; ".join(wider)
             + ")."
         )
@@ -198,9 +198,7 @@ def verdicts(table: dict[str, Any]) -> list[dict[str, Any]]:
     ]
     stab = []
     for a, b in (("nlpo", "ppo"), ("supervised_nlpo", "supervised_ppo")):
-        sa = cells.get(a, {}).get("metrics", {}).get(SENTIMENT, {}).get("std")
-        sb = cells.get(b, {}).get("metrics", {}).get(SENTIMENT, {}).get("std")
-        stab.append({"a": a, "b": b, "std_a": sa, "std_b": sb})
+        stab.append({"a": a, "b": b, "std_a": _std(cells, a), "std_b": _std(cells, b)})
     v2 = _combine([c["outcome"] for c in c2 + fluency])
     v3 = _combine([c["outcome"] for c in c3])
     return [
