@@ -55,9 +55,12 @@ RL4LMS_IMDB_LR = 1e-6
 FLUENCY_TOLERANCE = 0.10
 
 
+def _metric(cells: dict[str, Any], cell: str, metric: str) -> dict[str, Any]:
+    return cells.get(cell, {}).get("metrics", {}).get(metric) or {}
+
+
 def _ppl_rise(cells: dict[str, Any], cell: str, base: str) -> float | None:
-    p = cells.get(cell, {}).get("metrics", {}).get(PERPLEXITY) or {}
-    b = cells.get(base, {}).get("metrics", {}).get(PERPLEXITY) or {}
+    p, b = _metric(cells, cell, PERPLEXITY), _metric(cells, base, PERPLEXITY)
     if p.get("mean") is None or not b.get("mean"):
         return None
     return p["mean"] / b["mean"] - 1.0
@@ -122,15 +125,17 @@ def seeds_to_resolve(diff: float, std_a: float, std_b: float) -> int | None:
     return math.floor(4 * (std_a**2 + std_b**2) / diff**2) + 1
 
 
-def difference_why(comparisons: list[dict[str, Any]], cells: dict[str, Any]) -> str | None:
+def difference_why(comparisons: list[dict[str, Any]], stability: list[dict[str, Any]]) -> str | None:
     """Why claim 3 is undecided or fails, from the numbers: the paper's own difference for each comparison,
-    this grid's noise band, and how many seeds the paper's difference would need at this grid's spread."""
+    this grid's noise band, how many seeds the paper's difference would need at this grid's spread (the
+    seed spreads of ``stability``, one entry per compared pair), and whether NLPO's seeds spread wider."""
+    spread = {(s["a"], s["b"]): (s["std_a"], s["std_b"]) for s in stability}
     parts = []
     for c in comparisons:
         if c.get("outcome") == "better" or c["a"] not in PAPER_IMDB or c["b"] not in PAPER_IMDB:
             continue
         paper = PAPER_IMDB[c["a"]][0] - PAPER_IMDB[c["b"]][0]
-        sa, sb = _std(cells, c["a"]), _std(cells, c["b"])
+        sa, sb = spread.get((c["a"], c["b"]), (None, None))
         text = f"{ALGORITHM_LABELS[c['a']]} − {ALGORITHM_LABELS[c['b']]}: the paper's {paper:+.3f}"
         if "two_se" in c:
             text += f", two standard errors here {c['two_se']:.3f}"
@@ -143,9 +148,8 @@ def difference_why(comparisons: list[dict[str, Any]], cells: dict[str, Any]) -> 
     if not parts:
         return None
     wider = [
-        f"{ALGORITHM_LABELS[c['a']]} {sa:.3f} against {ALGORITHM_LABELS[c['b']]} {sb:.3f}"
-        for c in comparisons
-        for sa, sb in [(_std(cells, c["a"]), _std(cells, c["b"]))]
+        f"{ALGORITHM_LABELS[a]} {sa:.3f} against {ALGORITHM_LABELS[b]} {sb:.3f}"
+        for (a, b), (sa, sb) in spread.items()
         if sa is not None and sb is not None and sa > sb
     ]
     text = (
@@ -162,10 +166,6 @@ def difference_why(comparisons: list[dict[str, Any]], cells: dict[str, Any]) -> 
     return text
 
 
-def _std(cells: dict[str, Any], cell: str) -> float | None:
-    return cells.get(cell, {}).get("metrics", {}).get(SENTIMENT, {}).get("std")
-
-
 def verdicts(table: dict[str, Any]) -> list[dict[str, Any]]:
     """The paper's three claims, each with the comparisons that decide it and a verdict:
     ``supported``, ``not supported at this scale`` or ``inconclusive``."""
@@ -177,17 +177,15 @@ def verdicts(table: dict[str, Any]) -> list[dict[str, Any]]:
     c2 = [compare(table, rl, "zero_shot", SENTIMENT) for rl in ("ppo", "nlpo")]
     fluency = []
     for rl in ("ppo", "nlpo"):
-        p = cells.get(rl, {}).get("metrics", {}).get(PERPLEXITY)
-        z = cells.get("zero_shot", {}).get("metrics", {}).get(PERPLEXITY)
-        if not p or not z or p["mean"] is None or z["mean"] is None:
+        rise = _ppl_rise(cells, rl, "zero_shot")
+        if rise is None:
             fluency.append({"cell": rl, "outcome": "missing"})
             continue
-        rise = p["mean"] / z["mean"] - 1.0
         fluency.append(
             {
                 "cell": rl,
-                "ppl": p["mean"],
-                "ppl_zero_shot": z["mean"],
+                "ppl": _metric(cells, rl, PERPLEXITY)["mean"],
+                "ppl_zero_shot": _metric(cells, "zero_shot", PERPLEXITY)["mean"],
                 "rise": rise,
                 "outcome": "better" if rise <= FLUENCY_TOLERANCE else "worse",
             }
@@ -196,9 +194,15 @@ def verdicts(table: dict[str, Any]) -> list[dict[str, Any]]:
         compare(table, "nlpo", "ppo", SENTIMENT),
         compare(table, "supervised_nlpo", "supervised_ppo", SENTIMENT),
     ]
-    stab = []
-    for a, b in (("nlpo", "ppo"), ("supervised_nlpo", "supervised_ppo")):
-        stab.append({"a": a, "b": b, "std_a": _std(cells, a), "std_b": _std(cells, b)})
+    stab = [
+        {
+            "a": c["a"],
+            "b": c["b"],
+            "std_a": _metric(cells, c["a"], SENTIMENT).get("std"),
+            "std_b": _metric(cells, c["b"], SENTIMENT).get("std"),
+        }
+        for c in c3
+    ]
     v2 = _combine([c["outcome"] for c in c2 + fluency])
     v3 = _combine([c["outcome"] for c in c3])
     return [
@@ -224,6 +228,6 @@ def verdicts(table: dict[str, Any]) -> list[dict[str, Any]]:
             "comparisons": c3,
             "stability": stab,
             "verdict": v3,
-            "why": difference_why(c3, cells) if v3 != "supported" else None,
+            "why": difference_why(c3, stab) if v3 != "supported" else None,
         },
     ]
